@@ -1,0 +1,89 @@
+"""Every error the API answers is an RFC 9457 problem document with a stable ``code``.
+
+The handlers here are the only place where exceptions become HTTP responses: the service's own
+errors (``lmsp_core.errors``), Litestar's (validation, unknown route, wrong method, body too
+large), Redis being unreachable, and anything unexpected (a 500 with no traceback in the body).
+"""
+
+import logging
+from http import HTTPStatus
+from typing import Any
+
+import msgspec
+from litestar import Request, Response
+from litestar.exceptions import HTTPException, ValidationException
+from redis.exceptions import RedisError
+
+from lmsp_core import wire
+from lmsp_core.errors import LmspError, ServiceUnavailable, problem
+
+logger = logging.getLogger(__name__)
+
+MEDIA_TYPE = "application/problem+json"
+
+# codes for errors that Litestar raises itself
+_STATUS_CODES = {
+    400: "invalid_request",
+    401: "unauthorized",
+    403: "forbidden",
+    404: "not_found",
+    405: "method_not_allowed",
+    406: "not_acceptable",
+    413: "request_too_large",
+    415: "unsupported_media_type",
+    429: "rate_limited",
+    500: "internal_error",
+    503: "service_unavailable",
+}
+
+
+def problem_response(body: wire.Problem, headers: dict[str, str] | None = None) -> Response[bytes]:
+    return Response(content=msgspec.json.encode(body), status_code=body.status, media_type=MEDIA_TYPE,
+                    headers=headers or {})
+
+
+def _phrase(status: int) -> str:
+    try:
+        return HTTPStatus(status).phrase
+    except ValueError:
+        return "Error"
+
+
+def lmsp_error(_: Request[Any, Any, Any], exc: LmspError) -> Response[bytes]:
+    return problem_response(exc.problem(), exc.headers)
+
+
+def validation_error(_: Request[Any, Any, Any], exc: ValidationException) -> Response[bytes]:
+    errors = exc.extra if isinstance(exc.extra, list) else None
+    detail = "; ".join(str(e.get("message", e)) for e in errors if isinstance(e, dict)) if errors else exc.detail
+    body = problem(400, "invalid_request", "Invalid request", detail or "The request is not valid.",
+                   {"errors": errors} if errors else None)
+    return problem_response(body)
+
+
+def http_error(_: Request[Any, Any, Any], exc: HTTPException) -> Response[bytes]:
+    status = exc.status_code
+    code = _STATUS_CODES.get(status, f"http_{status}")
+    detail = exc.detail if exc.detail and exc.detail != _phrase(status) else f"{_phrase(status)}."
+    headers = dict(exc.headers or {})
+    return problem_response(problem(status, code, _phrase(status), detail), headers)
+
+
+def redis_error(_: Request[Any, Any, Any], exc: RedisError) -> Response[bytes]:
+    logger.warning("Redis unavailable: %s", type(exc).__name__)
+    error = ServiceUnavailable("The service's store is unreachable; retry shortly.", retry_after=2)
+    return problem_response(error.problem(), error.headers)
+
+
+def internal_error(_: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:
+    logger.exception("unhandled error", exc_info=exc)
+    return problem_response(problem(500, "internal_error", "Internal error", "The service failed unexpectedly."))
+
+
+HANDLERS: dict[type[Exception] | int, Any] = {
+    LmspError: lmsp_error,
+    ValidationException: validation_error,
+    HTTPException: http_error,
+    RedisError: redis_error,
+    Exception: internal_error,
+}

@@ -1,0 +1,30 @@
+"""GET /lmsp/v1/models: the catalog, with capabilities and whether workers serve each model."""
+
+from litestar import Controller, get
+
+from api.services import Services
+from lmsp_core import registry, wire
+from lmsp_core.catalog import ModelSpec
+
+
+def model_object(spec: ModelSpec, workers: int) -> wire.ModelObject:
+    return wire.ModelObject(
+        id=spec.id, context_window=spec.context_window, max_output_tokens=spec.max_output_tokens,
+        capabilities=list(spec.capabilities), status="available" if workers else "unavailable", workers=workers,
+    )
+
+
+class ModelsController(Controller):
+    path = "/lmsp/v1/models"
+    tags = ["models"]
+
+    @get(summary="List models")
+    async def list_models(self, services: Services) -> wire.ModelList:
+        counts = await registry.workers_per_model(services.redis)
+        return wire.ModelList(data=[model_object(spec, counts[spec.id]) for spec in services.catalog])
+
+    @get("/{model_id:str}", summary="Get a model")
+    async def get_model(self, services: Services, model_id: str) -> wire.ModelObject:
+        spec = services.catalog.get(model_id)
+        counts = await registry.workers_per_model(services.redis)
+        return model_object(spec, counts[spec.id])

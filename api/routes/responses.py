@@ -1,0 +1,93 @@
+"""POST /lmsp/v1/responses: a direct response, synchronous (6.2) or streamed (6.3).
+
+A direct response is a task whose lifetime is the HTTP connection: if the client goes away before
+the final event, the task is cancelled and its worker stops generating (6.3 SHOULD).
+"""
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anyio
+from litestar import Controller, Request, Response, post
+from litestar.response import ServerSentEvent, ServerSentEventMessage
+from litestar.types import Receive
+from redis.exceptions import RedisError
+
+from api.problems import problem_response
+from api.services import Services
+from api.sse import relay
+from api.submit import submit
+from lmsp_core import wire
+from lmsp_core.errors import GenerationFailed
+from lmsp_core.tasks import TaskRecord
+
+
+class ResponsesController(Controller):
+    path = "/lmsp/v1/responses"
+    tags = ["responses"]
+
+    @post(status_code=200, summary="Create a response",
+          description="Generates a response, returned when it is final (`stream: false`) or as server-sent "
+                      "events (`stream: true`).")
+    async def create_response(self, request: Request[Any, Any, Any], data: wire.ResponseRequest,
+                              services: Services, owner: str) -> Response[Any]:
+        record = await submit(services, data, kind="direct", owner=owner)
+        if data.stream:
+            return ServerSentEvent(_direct_stream(services, record))
+        if not await _final_or_disconnect(services, record, request.receive):
+            await _cancel(services, record)
+            return Response(content=b"", status_code=499)
+        return await _final_answer(services, record)
+
+
+async def _direct_stream(services: Services, record: TaskRecord) -> AsyncIterator[ServerSentEventMessage]:
+    ended = False
+    try:
+        async for message in relay(services, record, 0):
+            yield message
+        ended = True
+    finally:
+        if not ended:  # the client went away
+            await _cancel(services, record)
+
+
+async def _final_or_disconnect(services: Services, record: TaskRecord, receive: Receive) -> bool:
+    """Wait for the task's final event; False if the client disconnects first."""
+    final = asyncio.create_task(_drain(services, record))
+    gone = asyncio.create_task(_disconnected(receive))
+    try:
+        done, _ = await asyncio.wait({final, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in (final, gone):
+            task.cancel()
+    if final in done:
+        final.result()  # re-raises a Redis failure
+        return True
+    return False
+
+
+async def _drain(services: Services, record: TaskRecord) -> None:
+    async for _ in services.hub.follow(record.id, 0, services.settings.sse_heartbeat):
+        pass
+
+
+async def _disconnected(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _final_answer(services: Services, record: TaskRecord) -> Response[Any]:
+    final = await services.store.get(record.id)
+    if final is None or final.response is None:
+        raise GenerationFailed("The response was lost before it could be returned.")
+    if final.status == "failed":
+        problem = final.problem() or GenerationFailed("Generation failed.").problem()
+        return problem_response(problem)
+    return Response(content=final.response, media_type="application/json")
+
+
+async def _cancel(services: Services, record: TaskRecord) -> None:
+    with anyio.CancelScope(shield=True), contextlib.suppress(RedisError, OSError):
+        await services.store.cancel(record)

@@ -1,0 +1,1 @@
+"""The ``lmsp`` command line."""

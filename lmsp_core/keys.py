@@ -1,0 +1,57 @@
+"""Every Redis key and channel the service uses, in one place.
+
+Keys of one task share the hash tag ``{task_id}`` so that the Lua scripts that touch a task's
+record and its event stream together stay within one slot on Redis Cluster.
+"""
+
+PREFIX = "lmsp"
+
+
+def task(task_id: str) -> str:
+    """Hash: the task record (request, owner, status, timestamps, lease, result)."""
+    return f"{PREFIX}:task:{{{task_id}}}"
+
+
+def events(task_id: str) -> str:
+    """Stream: the task's numbered events, entry ids ``0-1``, ``0-2``, ..."""
+    return f"{PREFIX}:task:{{{task_id}}}:events"
+
+
+def tokens(task_id: str) -> str:
+    """String: generated token ids (uint32 little-endian), the worker's resume checkpoint."""
+    return f"{PREFIX}:task:{{{task_id}}}:tokens"
+
+
+def task_index() -> str:
+    """Sorted set: task ids by creation time (for listing), trimmed by age."""
+    return f"{PREFIX}:tasks"
+
+
+def queue(model_id: str) -> str:
+    """arq queue (sorted set of job ids) of a model."""
+    return f"{PREFIX}:queue:{model_id}"
+
+
+def wake_channel(model_id: str) -> str:
+    """Pub/sub channel: published after an enqueue so idle workers poll at once."""
+    return f"{PREFIX}:wake:{model_id}"
+
+
+def model_card(model_id: str) -> str:
+    """String: the model card a worker publishes (tokenizer and chat template)."""
+    return f"{PREFIX}:model:{model_id}:card"
+
+
+def model_card_digest(model_id: str) -> str:
+    """String: digest of the model card, so readers can tell cheaply whether it changed."""
+    return f"{PREFIX}:model:{model_id}:card-digest"
+
+
+def workers() -> str:
+    """Sorted set: worker id -> expiry time (ms) of its last heartbeat."""
+    return f"{PREFIX}:workers"
+
+
+def worker(worker_id: str) -> str:
+    """Hash: what a worker runs (models, host, pid, started_at)."""
+    return f"{PREFIX}:worker:{worker_id}"

@@ -1,0 +1,28 @@
+"""The job queue: one arq queue per model; a job carries only the task id.
+
+Delivery is at least once: arq may run a job twice (a worker restart, a lapsed lease), so the
+job's first step is an atomic claim on the task record (see ``tasks.TaskStore.claim``).
+After each enqueue a message on the model's wake channel lets idle workers poll at once instead
+of after their poll delay.
+"""
+
+from arq.connections import ArqRedis
+
+from lmsp_core import keys
+
+GENERATE = "generate"
+
+
+async def enqueue(pool: ArqRedis, task_id: str, model_id: str, *, job_id: str | None = None) -> None:
+    await pool.enqueue_job(GENERATE, task_id, _job_id=job_id or task_id, _queue_name=keys.queue(model_id))
+    await pool.publish(keys.wake_channel(model_id), task_id)
+
+
+async def queue_position(pool: ArqRedis, task_id: str, model_id: str) -> int | None:
+    """1-based place of the task's job in its model's queue, or None once it has left it."""
+    rank = await pool.zrank(keys.queue(model_id), task_id)
+    return None if rank is None else int(rank) + 1
+
+
+async def depth(pool: ArqRedis, model_id: str) -> int:
+    return int(await pool.zcard(keys.queue(model_id)))

@@ -1,0 +1,70 @@
+"""Live workers and the model cards they publish.
+
+A worker heartbeats into a sorted set (score: the time its heartbeat expires) and keeps a small
+hash describing itself; readers drop entries whose heartbeat lapsed. The model card (tokenizer and
+chat template) lets API processes on other hosts count prompt tokens exactly as the worker does.
+"""
+
+import time
+from collections import Counter
+
+import msgspec
+from redis.asyncio import Redis
+
+from lmsp_core import keys
+from lmsp_core.chat import ModelCard, card_digest
+
+
+class WorkerInfo(msgspec.Struct, frozen=True, kw_only=True):
+    id: str
+    models: list[str]
+    host: str
+    pid: int
+    started_at: float
+    device: str
+
+
+async def publish_card(redis: Redis, card: ModelCard) -> None:
+    async with redis.pipeline(transaction=True) as pipe:
+        pipe.set(keys.model_card(card.model_id), msgspec.json.encode(card))
+        pipe.set(keys.model_card_digest(card.model_id), card_digest(card))
+        await pipe.execute()
+
+
+async def card_digest_of(redis: Redis, model_id: str) -> str | None:
+    raw = await redis.get(keys.model_card_digest(model_id))
+    return None if raw is None else str(raw.decode())
+
+
+async def load_card(redis: Redis, model_id: str) -> ModelCard | None:
+    raw = await redis.get(keys.model_card(model_id))
+    return None if raw is None else msgspec.json.decode(raw, type=ModelCard)
+
+
+async def heartbeat(redis: Redis, info: WorkerInfo, ttl: float) -> None:
+    expires_ms = int((time.time() + ttl) * 1000)
+    async with redis.pipeline(transaction=False) as pipe:
+        pipe.zadd(keys.workers(), {info.id: expires_ms})
+        pipe.set(keys.worker(info.id), msgspec.json.encode(info), px=int(ttl * 1000))
+        await pipe.execute()
+
+
+async def deregister(redis: Redis, worker_id: str) -> None:
+    async with redis.pipeline(transaction=False) as pipe:
+        pipe.zrem(keys.workers(), worker_id)
+        pipe.delete(keys.worker(worker_id))
+        await pipe.execute()
+
+
+async def live_workers(redis: Redis) -> list[WorkerInfo]:
+    now_ms = int(time.time() * 1000)
+    await redis.zremrangebyscore(keys.workers(), "-inf", now_ms)
+    ids = await redis.zrange(keys.workers(), 0, -1)
+    if not ids:
+        return []
+    raw = await redis.mget([keys.worker(worker_id.decode()) for worker_id in ids])
+    return [msgspec.json.decode(item, type=WorkerInfo) for item in raw if item is not None]
+
+
+async def workers_per_model(redis: Redis) -> Counter[str]:
+    return Counter(model for info in await live_workers(redis) for model in info.models)

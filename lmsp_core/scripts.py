@@ -1,0 +1,122 @@
+"""Lua scripts that change a task's record and its event stream in one atomic step.
+
+Each script touches only the keys of one task (one hash tag), so it runs unchanged on Redis
+Cluster. Time comes from the Redis server (``TIME``), so leases do not depend on host clocks.
+"""
+
+_NOW_MS = """
+local t = redis.call('TIME')
+local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+"""
+
+_FINALIZE = """
+local function finalize(status, response, err, event_ttl, task_ttl)
+  redis.call('HSET', KEYS[1], 'status', status, 'response', response, 'finished_at', now_ms / 1000)
+  if err ~= '' then redis.call('HSET', KEYS[1], 'error', err) end
+  redis.call('HDEL', KEYS[1], 'lease', 'lease_until', 'cancel')
+  redis.call('PEXPIRE', KEYS[2], event_ttl)
+  redis.call('PEXPIRE', KEYS[3], event_ttl)
+  redis.call('PEXPIRE', KEYS[1], task_ttl)
+end
+local function add_event(id, name, data)
+  redis.call('XADD', KEYS[2], '0-' .. id, 'event', name, 'data', data)
+  redis.call('HSET', KEYS[1], 'last_event_id', id)
+end
+"""
+
+# KEYS: task, events, tokens
+# ARGV: lease, first_id, n_events, token_bytes, token_offset, lease_ttl_ms,
+#       final ('1' or ''), status, response_json, error_json, event_ttl_ms, task_ttl_ms,
+#       then n_events pairs of (event name, data json)
+# Returns {1, cancel_requested}; {-2, last_event_id, tokens_stored} when the batch does not follow
+# what is stored (already applied, or written by someone else); {-1, 0, 0} when the lease is not
+# ours. The order of the checks lets a writer recognise a batch it sent before and that did land.
+APPEND = (
+    _NOW_MS
+    + _FINALIZE
+    + """
+local last = tonumber(redis.call('HGET', KEYS[1], 'last_event_id') or '0')
+local stored = redis.call('STRLEN', KEYS[3]) / 4
+if tonumber(ARGV[2]) ~= last + 1 or tonumber(ARGV[5]) ~= stored then return {-2, last, stored} end
+if redis.call('HGET', KEYS[1], 'lease') ~= ARGV[1] then return {-1, 0, 0} end
+local n = tonumber(ARGV[3])
+for i = 0, n - 1 do
+  add_event(last + 1 + i, ARGV[13 + 2 * i], ARGV[14 + 2 * i])
+end
+if ARGV[4] ~= '' then redis.call('APPEND', KEYS[3], ARGV[4]) end
+if ARGV[7] == '1' then
+  finalize(ARGV[8], ARGV[9], ARGV[10], ARGV[11], ARGV[12])
+  return {1, 0}
+end
+redis.call('HSET', KEYS[1], 'lease_until', now_ms + tonumber(ARGV[6]))
+return {1, redis.call('HEXISTS', KEYS[1], 'cancel')}
+"""
+)
+
+# KEYS: task, events, tokens
+# ARGV: lease, lease_ttl_ms, max_attempts, failed_data_json, failed_response_json, error_json,
+#       event_ttl_ms, task_ttl_ms
+# Returns {'claimed', last_event_id, attempts, cancel_requested}, {'exhausted'}, {'missing'},
+# or {status} when the task is final or held by a live lease.
+CLAIM = (
+    _NOW_MS
+    + _FINALIZE
+    + """
+local status = redis.call('HGET', KEYS[1], 'status')
+if not status then return {'missing'} end
+local lease_until = tonumber(redis.call('HGET', KEYS[1], 'lease_until') or '0')
+if status == 'queued' or (status == 'in_progress' and lease_until < now_ms) then
+  local last = tonumber(redis.call('HGET', KEYS[1], 'last_event_id') or '0')
+  local attempts = redis.call('HINCRBY', KEYS[1], 'attempts', 1)
+  if attempts > tonumber(ARGV[3]) then
+    add_event(last + 1, 'response.failed', ARGV[4])
+    finalize('failed', ARGV[5], ARGV[6], ARGV[7], ARGV[8])
+    return {'exhausted'}
+  end
+  if status == 'queued' then redis.call('HSET', KEYS[1], 'started_at', now_ms / 1000) end
+  redis.call('HSET', KEYS[1], 'status', 'in_progress', 'lease', ARGV[1], 'lease_until', now_ms + tonumber(ARGV[2]))
+  return {'claimed', last, attempts, redis.call('HEXISTS', KEYS[1], 'cancel')}
+end
+return {status}
+"""
+)
+
+# KEYS: task, events, tokens
+# ARGV: cancelled_data_json, cancelled_response_json, event_ttl_ms, task_ttl_ms
+# Returns the status after the call: 'cancelled' for a queued task (its stream gets
+# response.cancelled at once), 'in_progress' for a running one (its worker stops it), the final
+# status for a finished one, or 'missing'.
+CANCEL = (
+    _NOW_MS
+    + _FINALIZE
+    + """
+local status = redis.call('HGET', KEYS[1], 'status')
+if not status then return 'missing' end
+if status == 'queued' then
+  local last = tonumber(redis.call('HGET', KEYS[1], 'last_event_id') or '0')
+  add_event(last + 1, 'response.cancelled', ARGV[1])
+  finalize('cancelled', ARGV[2], '', ARGV[3], ARGV[4])
+  return 'cancelled'
+end
+if status == 'in_progress' then redis.call('HSET', KEYS[1], 'cancel', '1') end
+return status
+"""
+)
+
+# KEYS: task.  ARGV: lease, lease_ttl_ms.  Extends a held lease; returns 1, or 0 if not ours.
+RENEW = (
+    _NOW_MS
+    + """
+if redis.call('HGET', KEYS[1], 'lease') ~= ARGV[1] then return 0 end
+redis.call('HSET', KEYS[1], 'lease_until', now_ms + tonumber(ARGV[2]))
+return 1
+"""
+)
+
+# KEYS: task.  ARGV: lease.  Gives a held task back to the queue (graceful worker shutdown).
+RELEASE = """
+if redis.call('HGET', KEYS[1], 'lease') ~= ARGV[1] then return 0 end
+redis.call('HSET', KEYS[1], 'lease_until', 0)
+redis.call('HINCRBY', KEYS[1], 'attempts', -1)
+return 1
+"""

@@ -1,0 +1,56 @@
+"""Service settings. Every field can be set with an environment variable ``LMSP_<NAME>``
+(``LMSP_REDIS_URL``, ``LMSP_EVENT_RETENTION``, ...); command-line flags override the environment."""
+
+import os
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import msgspec
+from msgspec import Meta
+
+Seconds = Annotated[float, Meta(gt=0)]
+
+
+def _default_cache() -> str:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return str(Path(base) / "lmsp")
+
+
+class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    host: str = "127.0.0.1"
+    port: Annotated[int, Meta(ge=0, le=65535)] = 8000
+    default_model: str = "smollm2:135m-instruct"
+    # a JSON file with a list of model specs, added to (or replacing by id) the built-in catalog
+    models_file: str | None = None
+    model_cache: str = msgspec.field(default_factory=_default_cache)
+    # retention, enforced by Redis key expiry
+    event_retention: Seconds = 3600.0
+    task_retention: Seconds = 86400.0
+    # SSE comment heartbeat while nothing else is sent
+    sse_heartbeat: Seconds = 10.0
+    # workers: liveness heartbeat, task leases, retries and the generation time limit
+    worker_heartbeat: Seconds = 2.0
+    worker_ttl: Seconds = 10.0
+    lease_ttl: Seconds = 10.0
+    max_attempts: Annotated[int, Meta(ge=1)] = 3
+    job_timeout: Seconds = 3600.0
+    # on SIGTERM a worker lets running tasks finish this long, then hands the rest back
+    shutdown_grace: Annotated[float, Meta(ge=0)] = 5.0
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    log_json: bool = False
+
+    def replace(self, **changes: Any) -> "Settings":
+        return msgspec.structs.replace(self, **{k: v for k, v in changes.items() if v is not None})
+
+
+def load_settings(environ: dict[str, str] | None = None, **overrides: Any) -> Settings:
+    """Settings from ``LMSP_*`` environment variables, then ``overrides`` (None means unset)."""
+    env = os.environ if environ is None else environ
+    raw: dict[str, Any] = {}
+    for name in Settings.__struct_fields__:
+        value = env.get(f"LMSP_{name.upper()}")
+        if value is not None:
+            raw[name] = value
+    raw.update({k: v for k, v in overrides.items() if v is not None})
+    return msgspec.convert(raw, Settings, strict=False)

@@ -1,0 +1,169 @@
+"""The task store: one Redis hash per task, changed atomically by the scripts in ``scripts``.
+
+A task is the unit of work: the request, its owner, its status and its result. Direct requests
+(``POST /responses``) are tasks too; only their lifetime differs. Status moves
+``queued -> in_progress -> completed | incomplete | failed | cancelled`` (or ``queued -> cancelled``).
+A worker holds a task through a lease (``lease``, ``lease_until``) that it renews while it runs;
+a lapsed lease lets another worker claim the task and resume it.
+"""
+
+from typing import Any, Literal
+
+import msgspec
+from redis.asyncio import Redis
+
+from lmsp_core import keys, scripts, wire
+from lmsp_core.settings import Settings
+
+Kind = Literal["task", "direct"]
+
+
+class TaskRecord(msgspec.Struct, frozen=True, kw_only=True):
+    id: str
+    model: str
+    owner: str
+    kind: Kind
+    status: wire.TaskStatus
+    created_at: float
+    response_id: str
+    request: bytes
+    started_at: float | None = None
+    finished_at: float | None = None
+    response: bytes | None = None
+    error: bytes | None = None
+    last_event_id: int = 0
+    attempts: int = 0
+    cancel_requested: bool = False
+
+    @property
+    def final(self) -> bool:
+        return self.status in wire.FINAL_STATUSES
+
+    def response_object(self) -> wire.Response | None:
+        return msgspec.json.decode(self.response, type=wire.Response) if self.response else None
+
+    def problem(self) -> wire.Problem | None:
+        return msgspec.json.decode(self.error, type=wire.Problem) if self.error else None
+
+    def to_wire(self) -> wire.Task:
+        return wire.Task(
+            id=self.id,
+            status=self.status,
+            created_at=int(self.created_at),
+            started_at=None if self.started_at is None else int(self.started_at),
+            finished_at=None if self.finished_at is None else int(self.finished_at),
+            model=self.model,
+            response_id=self.response_id,
+            response=self.response_object(),
+            error=self.problem(),
+        )
+
+
+_TEXT_FIELDS = ("id", "model", "owner", "kind", "status", "response_id")
+_FLOAT_FIELDS = ("created_at", "started_at", "finished_at")
+_INT_FIELDS = ("last_event_id", "attempts")
+
+
+def _record(raw: dict[bytes, bytes]) -> TaskRecord:
+    fields = {k.decode(): v for k, v in raw.items()}
+    data: dict[str, Any] = {name: fields[name].decode() for name in _TEXT_FIELDS}
+    data.update({name: float(fields[name]) for name in _FLOAT_FIELDS if name in fields})
+    data.update({name: int(fields[name]) for name in _INT_FIELDS if name in fields})
+    data.update({name: fields[name] for name in ("request", "response", "error") if name in fields})
+    data["cancel_requested"] = "cancel" in fields
+    return msgspec.convert(data, TaskRecord)
+
+
+class Claim(msgspec.Struct, frozen=True):
+    """Outcome of a worker's claim on a task."""
+
+    outcome: str  # "claimed", "exhausted", "missing", or the status that prevented the claim
+    last_event_id: int = 0
+    attempts: int = 0
+    cancel_requested: bool = False
+
+
+class TaskStore:
+    def __init__(self, redis: Redis, settings: Settings) -> None:
+        self.redis = redis
+        self.settings = settings
+        self._claim = redis.register_script(scripts.CLAIM)
+        self._cancel = redis.register_script(scripts.CANCEL)
+        self._renew = redis.register_script(scripts.RENEW)
+        self._release = redis.register_script(scripts.RELEASE)
+
+    @property
+    def event_ttl_ms(self) -> int:
+        return int(self.settings.event_retention * 1000)
+
+    @property
+    def task_ttl_ms(self) -> int:
+        return int(self.settings.task_retention * 1000)
+
+    async def create(self, record: TaskRecord) -> None:
+        mapping: dict[str, str | bytes | float | int] = {
+            name: getattr(record, name) for name in (*_TEXT_FIELDS, "created_at", "request")
+        }
+        await self.redis.hset(keys.task(record.id), mapping=mapping)  # type: ignore[misc]
+
+    async def delete(self, task_id: str) -> None:
+        await self.redis.delete(keys.task(task_id))
+
+    async def get(self, task_id: str) -> TaskRecord | None:
+        raw = await self.redis.hgetall(keys.task(task_id))  # type: ignore[misc]
+        return _record(raw) if raw else None
+
+    async def cancel(self, record: TaskRecord) -> str:
+        """Cancel a task; returns the status after the call (see ``scripts.CANCEL``)."""
+        data = wire.encoder.encode(wire.ResponseCancelled(response_id=record.response_id, status="cancelled"))
+        response = wire.encoder.encode(cancelled_response(record))
+        status = await self._cancel(
+            keys=_task_keys(record.id), args=[data, response, self.event_ttl_ms, self.task_ttl_ms]
+        )
+        return str(status.decode())
+
+    async def claim(self, record: TaskRecord, lease: str, failure: wire.Problem) -> Claim:
+        """Take a queued task, or one whose lease has lapsed. After ``max_attempts`` claims the
+        task fails with ``failure`` instead, so a task that kills its worker cannot loop forever."""
+        failed_data = wire.encoder.encode(wire.ResponseFailed(response_id=record.response_id, status="failed",
+                                                              error=failure))
+        failed_response = wire.encoder.encode(failed_response_object(record, failure))
+        result = await self._claim(
+            keys=_task_keys(record.id),
+            args=[lease, int(self.settings.lease_ttl * 1000), self.settings.max_attempts, failed_data,
+                  failed_response, wire.encoder.encode(failure), self.event_ttl_ms, self.task_ttl_ms],
+        )
+        outcome = result[0].decode()
+        if outcome != "claimed":
+            return Claim(outcome)
+        return Claim(outcome, int(result[1]), int(result[2]), bool(result[3]))
+
+    async def renew(self, leases: dict[str, str]) -> set[str]:
+        """Extend held leases; returns the ids of tasks whose lease is no longer ours."""
+        if not leases:
+            return set()
+        ttl = int(self.settings.lease_ttl * 1000)
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for task_id, lease in leases.items():
+                await self._renew(keys=[keys.task(task_id)], args=[lease, ttl], client=pipe)
+            results = await pipe.execute()
+        return {task_id for task_id, ok in zip(leases, results, strict=True) if not ok}
+
+    async def release(self, task_id: str, lease: str) -> bool:
+        """Hand a held task back so that another worker claims it at once."""
+        return bool(await self._release(keys=[keys.task(task_id)], args=[lease]))
+
+
+def _task_keys(task_id: str) -> list[str]:
+    return [keys.task(task_id), keys.events(task_id), keys.tokens(task_id)]
+
+
+def cancelled_response(record: TaskRecord) -> wire.Response:
+    """The response object of a task cancelled before it produced anything."""
+    return wire.Response(id=record.response_id, created_at=int(record.created_at), status="cancelled",
+                         model=record.model, output=[], usage=None)
+
+
+def failed_response_object(record: TaskRecord, problem: wire.Problem) -> wire.Response:
+    return wire.Response(id=record.response_id, created_at=int(record.created_at), status="failed",
+                         model=record.model, output=[], usage=None, error=problem)

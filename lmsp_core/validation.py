@@ -1,0 +1,66 @@
+"""Checks of a request against the model that is to run it (beyond what decoding validates).
+
+The API runs them before it answers (so errors are HTTP 400s, before any SSE byte); a worker runs
+them again before it generates, since a queued request may meet a differently configured worker.
+"""
+
+from lmsp_core import wire
+from lmsp_core.catalog import ModelSpec
+from lmsp_core.errors import ContextLengthExceeded, InvalidRequest, UnsupportedCapability
+
+_RESERVED_CONTENT = (wire.InputImage, wire.InputAudio, wire.InputFile)
+
+
+def check_request(request: wire.ResponseRequest, spec: ModelSpec) -> None:
+    _check_content(request)
+    _check_capabilities(request, spec)
+    if request.max_output_tokens is not None and request.max_output_tokens > spec.max_output_tokens:
+        raise InvalidRequest(
+            f"max_output_tokens is {request.max_output_tokens}; model {spec.id!r} allows at most "
+            f"{spec.max_output_tokens}.",
+            code="max_output_tokens_too_large",
+        )
+
+
+def _check_content(request: wire.ResponseRequest) -> None:
+    for index, item in enumerate(request.input):
+        if not isinstance(item, wire.Message):
+            continue
+        for part in item.content:
+            if isinstance(part, _RESERVED_CONTENT):
+                raise InvalidRequest(
+                    f"input[{index}] has content of type {type(part).__struct_config__.tag!r}; "
+                    "LMSP 1.0 defines text content only (input_text, output_text).",
+                    code="unsupported_content_type",
+                )
+
+
+def _check_capabilities(request: wire.ResponseRequest, spec: ModelSpec) -> None:
+    needs: list[tuple[bool, str, str]] = [
+        (request.stream, "streaming", "stream: true"),
+        (bool(request.tools) or request.tool_choice is not None, "tools", "tools"),
+        (any(isinstance(i, wire.FunctionCall | wire.FunctionCallOutput) for i in request.input), "tools",
+         "function_call input items"),
+        (isinstance(request.response_format, wire.JsonSchemaFormat), "structured_output",
+         "response_format json_schema"),
+        (request.previous_response_id is not None, "conversations", "previous_response_id"),
+    ]
+    for needed, capability, what in needs:
+        if needed and not spec.has(capability):  # type: ignore[arg-type]
+            raise UnsupportedCapability(f"{what} needs the {capability!r} capability, which model "
+                                        f"{spec.id!r} does not have.")
+
+
+def output_budget(request: wire.ResponseRequest, spec: ModelSpec, prompt_tokens: int) -> int:
+    """How many tokens the response may generate; raises if the prompt does not fit (6.1)."""
+    room = spec.context_window - prompt_tokens
+    wanted = request.max_output_tokens
+    if wanted is not None and wanted > room:
+        raise ContextLengthExceeded(
+            f"The prompt has {prompt_tokens} tokens and max_output_tokens is {wanted}: together they "
+            f"exceed the context window of {spec.context_window} tokens of model {spec.id!r}.")
+    if room < 1:
+        raise ContextLengthExceeded(
+            f"The prompt has {prompt_tokens} tokens; the context window of model {spec.id!r} is "
+            f"{spec.context_window} tokens, which leaves no room for output.")
+    return wanted if wanted is not None else min(spec.max_output_tokens, room)

@@ -1,0 +1,70 @@
+"""Shared fixtures: one redis-server, one tiny-random worker and one API for the session.
+
+Tests that break things (kill a worker, restart Redis) make their own processes instead.
+"""
+
+import json
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import pytest_asyncio
+import redis.asyncio as aioredis
+
+from tests.support import Api, RedisServer, Worker
+
+# models only the tests use; "tiny-unserved" never gets a worker
+TEST_MODELS: list[dict[str, Any]] = [
+    {"id": "tiny-unserved", "source": "tiny-random", "context_window": 2048, "max_output_tokens": 1024,
+     "capabilities": ["streaming"]},
+]
+
+
+@pytest.fixture(scope="session")
+def models_file() -> Iterator[str]:
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as handle:
+        json.dump(TEST_MODELS, handle)
+    yield handle.name
+    Path(handle.name).unlink(missing_ok=True)
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisServer]:
+    server = RedisServer()
+    server.start()
+    yield server
+    server.cleanup()
+
+
+@pytest_asyncio.fixture(scope="session")
+async def tiny_worker(redis_server: RedisServer, models_file: str) -> AsyncIterator[Worker]:
+    worker = Worker(redis_server.url, ["tiny-random"], models_file=models_file)
+    worker.start()
+    try:
+        yield await worker.ready()
+    finally:
+        worker.stop()
+
+
+@pytest.fixture(scope="session")
+def api(redis_server: RedisServer, models_file: str) -> Iterator[Api]:
+    server = Api(redis_server.url, models_file=models_file, sse_heartbeat=1)
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest_asyncio.fixture
+async def client(api: Api, tiny_worker: Worker) -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(base_url=api.url, timeout=60) as http:
+        yield http
+
+
+@pytest_asyncio.fixture
+async def redis(redis_server: RedisServer) -> AsyncIterator[aioredis.Redis]:
+    connection = redis_server.client()
+    yield connection
+    await connection.aclose()

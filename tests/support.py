@@ -1,0 +1,189 @@
+"""Real processes for tests: redis-server, workers and API servers on free ports."""
+
+import asyncio
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import msgspec
+import redis.asyncio as aioredis
+from httpx_sse import aconnect_sse
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def wait_port(port: int, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise TimeoutError(f"nothing listens on port {port}")
+
+
+class RedisServer:
+    """A redis-server of the test's own, which a test may stop and start again."""
+
+    def __init__(self, appendonly: bool = False) -> None:
+        self.port = free_port()
+        self.dir = Path(tempfile.mkdtemp(prefix="lmsp-redis-"))
+        self.appendonly = appendonly
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        binary = shutil.which("redis-server") or "redis-server"
+        args = [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.dir), "--save", "",
+                "--appendonly", "yes" if self.appendonly else "no", "--appendfsync", "always"]
+        self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL)
+        wait_port(self.port)
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.process is not None:
+            self.process.send_signal(sig)
+            self.process.wait(timeout=10)
+            self.process = None
+
+    def cleanup(self) -> None:
+        self.stop()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def client(self) -> aioredis.Redis:
+        return aioredis.Redis.from_url(self.url)
+
+
+class Service:
+    """A process of ours (`lmsp api` or `lmsp worker`), its log kept in a file."""
+
+    def __init__(self, args: list[str], env: dict[str, str], name: str) -> None:
+        self.args = args
+        self.env = env
+        self.log = Path(tempfile.mkstemp(prefix=f"lmsp-{name}-", suffix=".log")[1])
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> "Service":
+        with open(self.log, "ab") as log:
+            self.process = subprocess.Popen([sys.executable, "-m", "lmsp.cli", *self.args], env=self.env,
+                                            stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+        return self
+
+    def signal(self, sig: int) -> None:
+        assert self.process is not None
+        self.process.send_signal(sig)
+
+    def wait(self, timeout: float = 30) -> int:
+        assert self.process is not None
+        return self.process.wait(timeout=timeout)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+    def kill(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+def service_env(redis_url: str, **settings: Any) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LMSP_")}
+    env["LMSP_REDIS_URL"] = redis_url
+    env["PYTHONUNBUFFERED"] = "1"
+    for name, value in settings.items():
+        env[f"LMSP_{name.upper()}"] = str(value)
+    return env
+
+
+class Api(Service):
+    def __init__(self, redis_url: str, **settings: Any) -> None:
+        self.port = free_port()
+        super().__init__(["api", "--port", str(self.port)], service_env(redis_url, **settings), "api")
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> "Api":
+        super().start()
+        wait_port(self.port)
+        return self
+
+
+class Worker(Service):
+    def __init__(self, redis_url: str, models: list[str], **settings: Any) -> None:
+        args = ["worker", *[arg for model in models for arg in ("--model", model)]]
+        super().__init__(args, service_env(redis_url, **settings), "worker")
+        self.redis_url = redis_url
+        self.models = models
+
+    async def ready(self, timeout: float = 120) -> "Worker":
+        """Wait until this process heartbeats in Redis."""
+        assert self.process is not None
+        client = aioredis.Redis.from_url(self.redis_url)
+        deadline = time.monotonic() + timeout
+        try:
+            while time.monotonic() < deadline:
+                if self.process.poll() is not None:
+                    raise RuntimeError(f"worker exited:\n{self.output()[-3000:]}")
+                for key in await client.keys("lmsp:worker:*"):
+                    raw = await client.get(key)
+                    if raw and msgspec.json.decode(raw)["pid"] == self.process.pid:
+                        return self
+                await asyncio.sleep(0.1)
+        finally:
+            await client.aclose()
+        raise TimeoutError(f"worker not ready:\n{self.output()[-3000:]}")
+
+
+def user_input(text: str) -> list[dict[str, Any]]:
+    return [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}]
+
+
+def body(model: str = "tiny-random", text: str = "Hello there", **fields: Any) -> dict[str, Any]:
+    return {"model": model, "input": user_input(text), **fields}
+
+
+class SseEvent(msgspec.Struct):
+    id: int | None
+    event: str
+    data: dict[str, Any]
+
+
+async def sse_events(client: httpx.AsyncClient, method: str, url: str, **kwargs: Any) -> AsyncIterator[SseEvent]:
+    async with aconnect_sse(client, method, url, **kwargs) as source:
+        source.response.raise_for_status()
+        async for sse in source.aiter_sse():
+            yield SseEvent(int(sse.id) if sse.id else None, sse.event, msgspec.json.decode(sse.data))
+
+
+async def collect(client: httpx.AsyncClient, method: str, url: str, **kwargs: Any) -> list[SseEvent]:
+    return [event async for event in sse_events(client, method, url, **kwargs)]

@@ -1,0 +1,1 @@
+"""Generation workers: load models, take tasks from the queue, generate, append events."""

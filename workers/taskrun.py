@@ -1,0 +1,248 @@
+"""One claimed task on this worker: prompt in, LMSP events out.
+
+A run renders the prompt, hands a sequence to the model's engine and, as tokens arrive, appends
+the events of 6.3 through the writer: ``response.created``, ``response.output_item.added``,
+``response.output_text.delta``..., ``response.output_item.done`` and one final event. A run that
+resumes a task another worker left behind reads the task's log and token checkpoint first and
+continues with the same item id and the next event number, without repeating text.
+"""
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+from redis.asyncio import Redis
+
+from lmsp_core import eventlog, keys, wire
+from lmsp_core.catalog import ModelSpec
+from lmsp_core.chat import PromptRenderer
+from lmsp_core.errors import GenerationFailed, LmspError
+from lmsp_core.ids import MESSAGE, new_id
+from lmsp_core.settings import Settings
+from lmsp_core.tasks import TaskRecord
+from lmsp_core.validation import check_request, output_budget
+from workers import engine as eng
+from workers.engine import Engine, Sequence
+from workers.sampling import RowSampler, SamplingParams
+from workers.textstream import TextStream
+from workers.writer import EventWriter, Final, unpack_tokens
+
+logger = logging.getLogger(__name__)
+
+CANCELLED = "cancelled"
+TIMEOUT = "timeout"
+RELEASED = "released"  # handed back to the queue (worker shutdown); no final event
+FENCED = "fenced"  # another worker holds the task now; no final event
+
+
+@dataclass
+class ModelRuntime:
+    spec: ModelSpec
+    engine: Engine
+    renderer: PromptRenderer
+
+
+@dataclass
+class History:
+    """What a previous holder of the task already stored."""
+
+    last_event_id: int = 0
+    item_id: str | None = None
+    text: str = ""
+    tokens: tuple[int, ...] = ()
+
+
+async def load_history(redis: Redis, task_id: str, last_event_id: int) -> History:
+    history = History(last_event_id=last_event_id)
+    if last_event_id == 0:
+        return history
+    events: list[eventlog.Event] = []
+    while len(events) < last_event_id:
+        chunk = await eventlog.read_after(redis, task_id, events[-1].id if events else 0)
+        if not chunk:
+            break
+        events += chunk
+    deltas = []
+    for event in events:
+        if event.name == wire.ITEM_ADDED:
+            history.item_id = msgspec.json.decode(event.data, type=wire.OutputItemAdded).item.id
+        elif event.name == wire.TEXT_DELTA:
+            deltas.append(msgspec.json.decode(event.data, type=wire.OutputTextDelta).delta)
+    history.text = "".join(deltas)
+    history.tokens = tuple(unpack_tokens(await redis.get(keys.tokens(task_id)) or b""))
+    return history
+
+
+class TaskRun:
+    def __init__(self, record: TaskRecord, runtime: ModelRuntime, writer: EventWriter, settings: Settings,
+                 lease: str) -> None:
+        self.record = record
+        self.request = msgspec.json.decode(record.request, type=wire.ResponseRequest)
+        self.runtime = runtime
+        self.writer = writer
+        self.settings = settings
+        self._lease = lease
+        self.sequence: Sequence | None = None
+        self.outcome: str | None = None
+        self._generation_done = asyncio.Event()
+        self._durable = asyncio.Event()
+        self._text = TextStream(runtime.renderer.tokenizer)
+        self._item_id = new_id(MESSAGE)
+        self._input_tokens = 0
+
+    # --- the writer's view (Writable) -----------------------------------------------------------
+
+    @property
+    def task_id(self) -> str:
+        return self.record.id
+
+    @property
+    def lease(self) -> str:
+        return self._lease
+
+    def on_cancel_requested(self) -> None:
+        if self.sequence is not None:
+            self.runtime.engine.stop(self.sequence, CANCELLED)
+
+    def on_fenced(self) -> None:
+        self.outcome = FENCED
+        if self.sequence is not None:
+            self.runtime.engine.stop(self.sequence, FENCED)
+        self._generation_done.set()
+        self._durable.set()
+
+    def on_final_durable(self) -> None:
+        self._durable.set()
+
+    # --- running ---------------------------------------------------------------------------------
+
+    async def execute(self, history: History, cancel_requested: bool) -> str:
+        """Generate until a final event is stored (or the lease is lost); returns the outcome."""
+        self.writer.open(self, history.last_event_id, len(history.tokens))
+        try:
+            prompt, budget = await asyncio.to_thread(self._prepare)
+        except LmspError as exc:
+            self._fail(exc.problem())
+        else:
+            self._start(prompt, budget, history)
+            if cancel_requested:
+                self.on_cancel_requested()
+            try:
+                async with asyncio.timeout(self.settings.job_timeout):
+                    await self._generation_done.wait()
+            except TimeoutError:
+                assert self.sequence is not None
+                self.runtime.engine.stop(self.sequence, TIMEOUT)
+                await self._generation_done.wait()
+        await self._durable.wait()
+        return self.outcome or "done"
+
+    async def hand_back(self) -> None:
+        """Stop generating without a final event; store what was produced (worker shutdown)."""
+        if self.sequence is not None and self.sequence.finish_reason is None:
+            self.runtime.engine.stop(self.sequence, RELEASED)
+        await self._generation_done.wait()
+        await self.writer.settled(self.task_id)
+        self.writer.close(self.task_id)
+
+    def _prepare(self) -> tuple[list[int], int]:
+        spec = self.runtime.spec
+        check_request(self.request, spec)
+        prompt = self.runtime.renderer.prompt_ids(self.request.input)
+        return prompt, output_budget(self.request, spec, len(prompt))
+
+    def _start(self, prompt: list[int], budget: int, history: History) -> None:
+        self._input_tokens = len(prompt)
+        if history.item_id is None:
+            self._emit(wire.CREATED, wire.ResponseCreated(response_id=self.record.response_id))
+            self._emit(wire.ITEM_ADDED, wire.OutputItemAdded(
+                response_id=self.record.response_id, output_index=0, item=self._message(None)))
+        else:
+            self._item_id = history.item_id
+            missed = self._text.replay(history.tokens)[len(history.text):]
+            if missed:
+                self._delta(missed)
+        params = SamplingParams(temperature=self.request.temperature or 0.0)
+        self.sequence = Sequence(prompt, budget, RowSampler(params), self.runtime.renderer.card.stop_token_ids,
+                                 sink=self, generated=history.tokens)
+        self.runtime.engine.submit(self.sequence)
+
+    # --- engine sink -----------------------------------------------------------------------------
+
+    def on_token(self, seq: Sequence, token: int) -> None:
+        self.writer.tokens(self, [token])
+        delta = self._text.push(token)
+        if delta:
+            self._delta(delta)
+
+    def on_finish(self, seq: Sequence, reason: str, error: BaseException | None) -> None:
+        try:
+            if reason in (RELEASED, FENCED):
+                self.outcome = self.outcome or reason
+                return
+            if reason == eng.ERROR:
+                logger.error("task %s: generation failed: %r", self.task_id, error)
+                self._fail(GenerationFailed("The model failed while generating.").problem())
+            elif reason == TIMEOUT:
+                self._fail(GenerationFailed(
+                    f"Generation ran past the time limit of {self.settings.job_timeout:g} s.",
+                    code="generation_timeout").problem())
+            else:
+                self._complete(seq, reason)
+        finally:
+            self._generation_done.set()
+
+    # --- events ----------------------------------------------------------------------------------
+
+    def _emit(self, name: str, data: Any) -> None:
+        self.writer.event(self, name, wire.encoder.encode(data))
+
+    def _delta(self, text: str) -> None:
+        self._emit(wire.TEXT_DELTA, wire.OutputTextDelta(
+            response_id=self.record.response_id, item_id=self._item_id, delta=text))
+
+    def _message(self, text: str | None) -> wire.OutputMessage:
+        content = [] if text is None else [wire.OutputTextPart(text=text)]
+        return wire.OutputMessage(id=self._item_id, content=content)
+
+    def _complete(self, seq: Sequence, reason: str) -> None:
+        item = self._message(self._text.text)
+        self._emit(wire.ITEM_DONE, wire.OutputItemDone(response_id=self.record.response_id, output_index=0,
+                                                       item=item))
+        usage = wire.Usage(input_tokens=self._input_tokens, output_tokens=len(seq.generated),
+                           total_tokens=self._input_tokens + len(seq.generated))
+        rid = self.record.response_id
+        if reason == CANCELLED:
+            status: wire.ResponseStatus = "cancelled"
+            self._emit(wire.CANCELLED, wire.ResponseCancelled(response_id=rid, status=status))
+            details = None
+        elif reason == eng.LENGTH:
+            status = "incomplete"
+            details = wire.IncompleteDetails(reason="max_output_tokens")
+            self._emit(wire.INCOMPLETE, wire.ResponseIncomplete(response_id=rid, status=status,
+                                                                incomplete_details=details, usage=usage))
+        else:
+            status = "completed"
+            details = None
+            self._emit(wire.COMPLETED, wire.ResponseCompleted(response_id=rid, status=status, usage=usage))
+        response = self._response(status, [item], usage, incomplete=details)
+        self.outcome = status
+        self.writer.finalize(self, Final(status, wire.encoder.encode(response)))
+
+    def _fail(self, problem: wire.Problem) -> None:
+        rid = self.record.response_id
+        self._emit(wire.FAILED, wire.ResponseFailed(response_id=rid, status="failed", error=problem))
+        response = self._response("failed", [], None, error=problem)
+        self.outcome = "failed"
+        self.writer.finalize(self, Final("failed", wire.encoder.encode(response), wire.encoder.encode(problem)))
+        self._generation_done.set()
+
+    def _response(self, status: wire.ResponseStatus, output: list[wire.OutputItem], usage: wire.Usage | None,
+                  *, incomplete: wire.IncompleteDetails | None = None,
+                  error: wire.Problem | None = None) -> wire.Response:
+        return wire.Response(id=self.record.response_id, created_at=int(self.record.created_at), status=status,
+                             model=self.record.model, output=output, usage=usage, error=error,
+                             incomplete_details=incomplete)
+

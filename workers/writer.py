@@ -1,0 +1,209 @@
+"""Appending events to task streams, batched: one Redis round trip per flush for all tasks.
+
+Runs add events and token checkpoints as tokens arrive; the writer numbers the events. A flush
+sends every task's pending batches, each as one call of the append script, all in one pipeline,
+so round trips do not grow with tokens x streams. A batch that failed to send stays queued and is
+sent again; a batch that Redis applied although its answer was lost (the connection dropped) is
+recognised by its event number and token offset and counted as done. The script's answer also
+carries the task's cancel flag, so a worker learns of a cancellation without polling.
+"""
+
+import asyncio
+import logging
+import struct
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
+
+from lmsp_core import keys, scripts
+from lmsp_core.settings import Settings
+
+logger = logging.getLogger(__name__)
+
+RETRY_DELAYS = (0.05, 0.1, 0.25, 0.5, 1.0)
+
+
+class Writable(Protocol):
+    """What the writer needs from a running task."""
+
+    @property
+    def task_id(self) -> str: ...
+
+    @property
+    def lease(self) -> str: ...
+
+    def on_cancel_requested(self) -> None: ...
+
+    def on_fenced(self) -> None: ...
+
+    def on_final_durable(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class Final:
+    status: str
+    response: bytes
+    error: bytes = b""
+
+
+@dataclass
+class _Batch:
+    first_id: int
+    token_offset: int
+    events: list[tuple[str, bytes]] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)
+    final: Final | None = None
+    sent: bool = False
+
+    @property
+    def last_id(self) -> int:
+        return self.first_id + len(self.events) - 1
+
+    @property
+    def token_end(self) -> int:
+        return self.token_offset + len(self.tokens)
+
+
+@dataclass
+class _Log:
+    """The writer's view of one task's log: what is numbered so far and what is not yet stored."""
+
+    owner: Writable
+    next_id: int
+    token_count: int
+    batches: deque[_Batch] = field(default_factory=deque)
+
+    def open_batch(self) -> _Batch:
+        if not self.batches or self.batches[-1].sent or self.batches[-1].final is not None:
+            self.batches.append(_Batch(first_id=self.next_id, token_offset=self.token_count))
+        return self.batches[-1]
+
+
+def pack_tokens(tokens: list[int]) -> bytes:
+    return struct.pack(f"<{len(tokens)}I", *tokens)
+
+
+def unpack_tokens(raw: bytes) -> list[int]:
+    return list(struct.unpack(f"<{len(raw) // 4}I", raw))
+
+
+class EventWriter:
+    def __init__(self, redis: Redis, settings: Settings) -> None:
+        self.redis = redis
+        self.settings = settings
+        self._append = redis.register_script(scripts.APPEND)
+        self._logs: dict[str, _Log] = {}
+        self._dirty = asyncio.Event()
+        self._flushed = asyncio.Condition()
+
+    # --- called by runs (on the event loop, never awaiting) -------------------------------------
+
+    def open(self, run: Writable, last_event_id: int, token_count: int) -> None:
+        self._logs[run.task_id] = _Log(owner=run, next_id=last_event_id + 1, token_count=token_count)
+
+    def event(self, run: Writable, name: str, data: bytes) -> int:
+        log = self._logs[run.task_id]
+        log.open_batch().events.append((name, data))
+        log.next_id += 1
+        self._dirty.set()
+        return log.next_id - 1
+
+    def tokens(self, run: Writable, tokens: list[int]) -> None:
+        log = self._logs[run.task_id]
+        log.open_batch().tokens.extend(tokens)
+        log.token_count += len(tokens)
+        self._dirty.set()
+
+    def finalize(self, run: Writable, final: Final) -> None:
+        self._logs[run.task_id].open_batch().final = final
+        self._dirty.set()
+
+    def close(self, task_id: str) -> None:
+        """Forget a task; anything still unsent for it is dropped."""
+        self._logs.pop(task_id, None)
+
+    def unsent(self, task_id: str) -> bool:
+        log = self._logs.get(task_id)
+        return bool(log and log.batches)
+
+    async def settled(self, task_id: str) -> None:
+        """Return once everything added for the task is stored (or dropped)."""
+        async with self._flushed:
+            await self._flushed.wait_for(lambda: not self.unsent(task_id))
+
+    # --- flushing --------------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        failures = 0
+        while True:
+            await self._dirty.wait()
+            self._dirty.clear()
+            try:
+                await self.flush()
+                failures = 0
+            except (RedisError, OSError) as exc:
+                delay = RETRY_DELAYS[min(failures, len(RETRY_DELAYS) - 1)]
+                failures += 1
+                logger.warning("event flush failed (%s); retrying in %.2fs", type(exc).__name__, delay)
+                self._dirty.set()
+                await asyncio.sleep(delay)
+
+    async def flush(self) -> None:
+        sending = [(log, batch) for log in self._logs.values() for batch in log.batches]
+        if not sending:
+            return
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for log, batch in sending:
+                batch.sent = True
+                await self._append(keys=_keys(log.owner.task_id), args=self._args(log, batch), client=pipe)
+            try:
+                results = await pipe.execute(raise_on_error=False)
+            except BaseException:
+                for _, batch in sending:
+                    batch.sent = False
+                raise
+        for (log, batch), result in zip(sending, results, strict=True):
+            self._settle(log, batch, result)
+        async with self._flushed:
+            self._flushed.notify_all()
+
+    def _args(self, log: _Log, batch: _Batch) -> list[str | bytes | int]:
+        final = batch.final or Final("", b"")
+        args: list[str | bytes | int] = [
+            log.owner.lease, batch.first_id, len(batch.events), pack_tokens(batch.tokens), batch.token_offset,
+            int(self.settings.lease_ttl * 1000), "1" if batch.final else "", final.status, final.response,
+            final.error, int(self.settings.event_retention * 1000), int(self.settings.task_retention * 1000),
+        ]
+        for name, data in batch.events:
+            args += [name, data]
+        return args
+
+    def _settle(self, log: _Log, batch: _Batch, result: object) -> None:
+        if self._logs.get(log.owner.task_id) is not log or batch not in log.batches:
+            return
+        if isinstance(result, Exception):
+            logger.error("append to task %s failed: %s", log.owner.task_id, result)
+            batch.sent = False
+            self._dirty.set()
+            return
+        assert isinstance(result, list)
+        answer = [int(value) for value in result]
+        landed_before = answer[0] == -2 and answer[1] >= batch.last_id and answer[2] >= batch.token_end
+        if answer[0] != 1 and not landed_before:
+            logger.warning("task %s: lease lost (append answered %s); stopping", log.owner.task_id, answer)
+            self.close(log.owner.task_id)
+            log.owner.on_fenced()
+            return
+        log.batches.remove(batch)
+        if batch.final is not None:
+            self.close(log.owner.task_id)
+            log.owner.on_final_durable()
+        elif answer[0] == 1 and answer[1] == 1:
+            log.owner.on_cancel_requested()
+
+
+def _keys(task_id: str) -> list[str]:
+    return [keys.task(task_id), keys.events(task_id), keys.tokens(task_id)]

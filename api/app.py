@@ -12,7 +12,7 @@ from api.routes.models import ModelsController
 from api.routes.responses import ResponsesController
 from api.routes.tasks import TasksController
 from api.services import Services
-from api.version import VersionMiddleware
+from api.version import VersionMiddleware, add_version_header
 from lmsp_core.settings import Settings, load_settings
 
 MAX_BODY_BYTES = 4 * 1024 * 1024
@@ -35,6 +35,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
         },
         exception_handlers=HANDLERS,
         middleware=[VersionMiddleware()],
+        before_send=[add_version_header],
         on_startup=[start],
         on_shutdown=[stop],
         state=State(),

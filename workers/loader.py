@@ -54,7 +54,7 @@ def load(spec: ModelSpec, cache_dir: Path) -> LoadedModel:
     dtype = pick_dtype(spec, device)
     kind, _, location = spec.source.partition(":")
     if kind == "gguf-package":
-        path = _converted_gguf(location, cache_dir / "models" / _slug(spec.id))
+        path = converted_gguf(spec, cache_dir)
     elif kind == "hf-dir":
         path = Path(location)
     elif kind == "tiny-random":
@@ -63,13 +63,13 @@ def load(spec: ModelSpec, cache_dir: Path) -> LoadedModel:
         raise ValueError(f"model {spec.id!r}: unknown source {spec.source!r}")
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
     tokenizer = AutoTokenizer.from_pretrained(path)
-    return LoadedModel(spec, model, make_card(spec.id, tokenizer, model), device)
+    return LoadedModel(spec, model, make_card(spec.id, tokenizer, model.generation_config.eos_token_id), device)
 
 
-def make_card(model_id: str, tokenizer: Any, model: Any) -> ModelCard:
+def make_card(model_id: str, tokenizer: Any, eos_token_id: int | list[int] | None) -> ModelCard:
+    """The card of a model: its tokenizer, chat template and the token ids that end generation."""
     stop_ids = {tokenizer.eos_token_id}
-    configured = model.generation_config.eos_token_id
-    stop_ids.update(configured if isinstance(configured, list) else [configured])
+    stop_ids.update(eos_token_id if isinstance(eos_token_id, list) else [eos_token_id])
     return ModelCard(
         model_id=model_id,
         chat_template=tokenizer.chat_template,
@@ -93,11 +93,12 @@ def _package_file(location: str) -> Path:
     return Path(next(iter(found.submodule_search_locations))) / filename
 
 
-def _converted_gguf(location: str, target: Path) -> Path:
+def converted_gguf(spec: ModelSpec, cache_dir: Path) -> Path:
     """A safetensors copy of a packaged GGUF model, converted once (atomically) into the cache."""
+    target = cache_dir / "models" / _slug(spec.id)
     if (target / "model.safetensors").exists():
         return target
-    gguf = _package_file(location)
+    gguf = _package_file(spec.source.partition(":")[2])
     logger.info("converting %s into %s (first start only)", gguf.name, target)
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     quantized = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
@@ -120,8 +121,7 @@ def _converted_gguf(location: str, target: Path) -> Path:
 
 
 def _tiny_random(spec: ModelSpec, cache_dir: Path, device: torch.device, dtype: torch.dtype) -> LoadedModel:
-    tokenizer_dir = _converted_gguf(SMOLLM2.source.partition(":")[2], cache_dir / "models" / _slug(SMOLLM2.id))
-    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    tokenizer = AutoTokenizer.from_pretrained(converted_gguf(SMOLLM2, cache_dir))
     config = LlamaConfig(
         vocab_size=len(tokenizer),
         hidden_size=64,
@@ -143,4 +143,4 @@ def _tiny_random(spec: ModelSpec, cache_dir: Path, device: torch.device, dtype: 
         model = LlamaForCausalLM(config)
     model = model.to(device=device, dtype=dtype).eval()
     model.generation_config.eos_token_id = tokenizer.eos_token_id
-    return LoadedModel(spec, model, make_card(spec.id, tokenizer, model), device)
+    return LoadedModel(spec, model, make_card(spec.id, tokenizer, tokenizer.eos_token_id), device)

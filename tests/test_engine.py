@@ -1,0 +1,96 @@
+"""The batching engine, in process: sequences that join and leave a running batch get exactly the
+tokens they would get alone (greedy), each with its own budget."""
+
+import asyncio
+from pathlib import Path
+
+import pytest
+import torch
+
+from lmsp_core.catalog import TINY_RANDOM
+from lmsp_core.settings import load_settings
+from workers import loader
+from workers.engine import LENGTH, STOP, Engine, Sequence
+from workers.sampling import RowSampler, SamplingParams
+
+
+class Collector:
+    def __init__(self) -> None:
+        self.tokens: list[int] = []
+        self.reason: str | None = None
+        self.done = asyncio.Event()
+
+    def on_token(self, seq: Sequence, token: int) -> None:
+        self.tokens.append(token)
+
+    def on_finish(self, seq: Sequence, reason: str, error: BaseException | None) -> None:
+        self.reason = reason
+        self.done.set()
+
+
+@pytest.fixture(scope="module")
+def tiny() -> loader.LoadedModel:
+    return loader.load(TINY_RANDOM, Path(load_settings().model_cache))
+
+
+def alone(model: loader.LoadedModel, prompt: list[int], n: int) -> list[int]:
+    with torch.inference_mode():
+        out = model.model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                                   max_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0)
+    return list(out[0, len(prompt):].tolist())
+
+
+async def test_sequences_joining_and_leaving_match_solo_generation(tiny: loader.LoadedModel) -> None:
+    engine = Engine(tiny)
+    runner = asyncio.create_task(engine.run())
+    prompts = [[1, 20, 30, 40], [1, 5] * 9, [7] * 3, list(range(100, 160)), [2, 3, 5, 7, 11]]
+    budgets = [25, 7, 40, 12, 30]
+    sinks = [Collector() for _ in prompts]
+    try:
+        for i, (prompt, budget, sink) in enumerate(zip(prompts, budgets, sinks, strict=True)):
+            engine.submit(Sequence(prompt, budget, RowSampler(SamplingParams()), [], sink))
+            if i % 2:
+                await asyncio.sleep(0.02)  # let some steps run so that the next ones join a running batch
+        await asyncio.wait_for(asyncio.gather(*(s.done.wait() for s in sinks)), 60)
+    finally:
+        runner.cancel()
+        engine.close()
+    for prompt, budget, sink in zip(prompts, budgets, sinks, strict=True):
+        assert sink.reason == LENGTH
+        assert sink.tokens == alone(tiny, prompt, budget)
+
+
+async def test_stopping_one_sequence_leaves_the_others_intact(tiny: loader.LoadedModel) -> None:
+    engine = Engine(tiny)
+    runner = asyncio.create_task(engine.run())
+    keep, stop = Collector(), Collector()
+    stopped = Sequence([1, 2, 3], 500, RowSampler(SamplingParams()), [], stop)
+    try:
+        engine.submit(Sequence([4, 5, 6, 7], 30, RowSampler(SamplingParams()), [], keep))
+        engine.submit(stopped)
+        while len(stop.tokens) < 3:
+            await asyncio.sleep(0.001)
+        engine.stop(stopped, "cancelled")
+        await asyncio.wait_for(asyncio.gather(keep.done.wait(), stop.done.wait()), 60)
+    finally:
+        runner.cancel()
+        engine.close()
+    assert stop.reason == "cancelled" and len(stop.tokens) < 10
+    assert keep.tokens == alone(tiny, [4, 5, 6, 7], 30)
+
+
+async def test_stop_tokens_and_resumed_sequences(tiny: loader.LoadedModel) -> None:
+    reference = alone(tiny, [9, 8, 7], 20)
+    engine = Engine(tiny)
+    runner = asyncio.create_task(engine.run())
+    stops, resumed = Collector(), Collector()
+    try:
+        # stop at the 6th token; a sequence resumed after 8 tokens continues exactly
+        engine.submit(Sequence([9, 8, 7], 20, RowSampler(SamplingParams()), [reference[5]], stops))
+        engine.submit(Sequence([9, 8, 7], 20, RowSampler(SamplingParams()), [], resumed, generated=reference[:8]))
+        await asyncio.wait_for(asyncio.gather(stops.done.wait(), resumed.done.wait()), 60)
+    finally:
+        runner.cancel()
+        engine.close()
+    assert stops.reason == STOP and stops.tokens == reference[:reference.index(reference[5]) + 1]
+    assert resumed.reason == LENGTH and resumed.tokens == reference[8:]

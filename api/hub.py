@@ -55,35 +55,52 @@ class EventHub:
             last = event.id
             if event.final:
                 return
+        tail = await eventlog.last_event(self.redis, task_id)
+        if tail is not None and tail.final:
+            return  # the task ended at or before the cursor
         queue: asyncio.Queue[Delivery] = asyncio.Queue()
-        feed = self._attach(task_id, queue, last)
+        # the feed reads from what is stored now, even when the cursor is beyond it
+        feed = self._attach(task_id, queue, min(last, tail.id if tail else 0))
         try:
-            # whatever the shared feed delivered before we attached
-            async for event in self._replay(task_id, last):
-                yield event
-                last = event.id
-                if event.final:
-                    return
-            while True:
-                try:
-                    item = await asyncio.wait_for(queue.get(), heartbeat)
-                except TimeoutError:
-                    yield None
-                    continue
-                if isinstance(item, BaseException):
-                    raise item
-                if item.id <= last:
-                    continue
-                if item.id > last + 1:
-                    async for event in self._replay(task_id, last, until=item.id - 1):
-                        yield event
-                        last = event.id
+            async for item in self._live(task_id, queue, last, heartbeat):
                 yield item
-                last = item.id
-                if item.final:
-                    return
         finally:
             self._detach(feed, queue)
+
+    async def _live(self, task_id: str, queue: "asyncio.Queue[Delivery]", last: int,
+                    heartbeat: float) -> AsyncIterator[Event | None]:
+        # first whatever the shared feed delivered before we attached
+        async for event in self._replay(task_id, last):
+            yield event
+            last = event.id
+            if event.final:
+                return
+        while True:
+            item = await self._next(queue, heartbeat)
+            if item is None:
+                yield None
+                continue
+            if item.id <= last:
+                if item.final:
+                    return  # the task ended before reaching the cursor
+                continue
+            # event numbers are consecutive: a jump means the feed passed events before we joined
+            gap = [e async for e in self._replay(task_id, last, until=item.id - 1)] if item.id > last + 1 else []
+            for event in [*gap, item]:
+                yield event
+                last = event.id
+            if item.final:
+                return
+
+    @staticmethod
+    async def _next(queue: "asyncio.Queue[Delivery]", heartbeat: float) -> Event | None:
+        try:
+            item = await asyncio.wait_for(queue.get(), heartbeat)
+        except TimeoutError:
+            return None
+        if isinstance(item, BaseException):
+            raise item
+        return item
 
     async def _replay(self, task_id: str, after: int, until: int | None = None) -> AsyncIterator[Event]:
         while True:

@@ -49,3 +49,8 @@ async def read_after(redis: Redis, task_id: str, after: int, count: int = READ_C
 
 async def history_exists(redis: Redis, task_id: str) -> bool:
     return bool(await redis.exists(keys.events(task_id)))
+
+
+async def last_event(redis: Redis, task_id: str) -> Event | None:
+    entries = await redis.xrevrange(keys.events(task_id), count=1)
+    return to_events(entries)[0] if entries else None

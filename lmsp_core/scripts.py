@@ -55,7 +55,7 @@ return {1, redis.call('HEXISTS', KEYS[1], 'cancel')}
 
 # KEYS: task, events, tokens
 # ARGV: lease, lease_ttl_ms, max_attempts, failed_data_json, failed_response_json, error_json,
-#       event_ttl_ms, task_ttl_ms
+#       event_ttl_ms, task_ttl_ms, worker_id
 # Returns {'claimed', last_event_id, attempts, cancel_requested}, {'exhausted'}, {'missing'},
 # or {status} when the task is final or held by a live lease.
 CLAIM = (
@@ -74,7 +74,8 @@ if status == 'queued' or (status == 'in_progress' and lease_until < now_ms) then
     return {'exhausted'}
   end
   if status == 'queued' then redis.call('HSET', KEYS[1], 'started_at', now_ms / 1000) end
-  redis.call('HSET', KEYS[1], 'status', 'in_progress', 'lease', ARGV[1], 'lease_until', now_ms + tonumber(ARGV[2]))
+  redis.call('HSET', KEYS[1], 'status', 'in_progress', 'lease', ARGV[1], 'lease_until', now_ms + tonumber(ARGV[2]),
+             'worker', ARGV[9])
   return {'claimed', last, attempts, redis.call('HEXISTS', KEYS[1], 'cancel')}
 end
 return {status}

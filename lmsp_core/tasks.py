@@ -34,6 +34,7 @@ class TaskRecord(msgspec.Struct, frozen=True, kw_only=True):
     last_event_id: int = 0
     attempts: int = 0
     cancel_requested: bool = False
+    worker: str | None = None  # the worker that claimed it last
 
     @property
     def final(self) -> bool:
@@ -60,6 +61,7 @@ class TaskRecord(msgspec.Struct, frozen=True, kw_only=True):
 
 
 _TEXT_FIELDS = ("id", "model", "owner", "kind", "status", "response_id")
+_OPTIONAL_TEXT_FIELDS = ("worker",)
 _FLOAT_FIELDS = ("created_at", "started_at", "finished_at")
 _INT_FIELDS = ("last_event_id", "attempts")
 
@@ -67,6 +69,7 @@ _INT_FIELDS = ("last_event_id", "attempts")
 def _record(raw: dict[bytes, bytes]) -> TaskRecord:
     fields = {k.decode(): v for k, v in raw.items()}
     data: dict[str, Any] = {name: fields[name].decode() for name in _TEXT_FIELDS}
+    data.update({name: fields[name].decode() for name in _OPTIONAL_TEXT_FIELDS if name in fields})
     data.update({name: float(fields[name]) for name in _FLOAT_FIELDS if name in fields})
     data.update({name: int(fields[name]) for name in _INT_FIELDS if name in fields})
     data.update({name: fields[name] for name in ("request", "response", "error") if name in fields})
@@ -81,6 +84,7 @@ class Claim(msgspec.Struct, frozen=True):
     last_event_id: int = 0
     attempts: int = 0
     cancel_requested: bool = False
+    worker: str | None = None  # the worker that claimed it last
 
 
 class TaskStore:
@@ -122,7 +126,7 @@ class TaskStore:
         )
         return str(status.decode())
 
-    async def claim(self, record: TaskRecord, lease: str, failure: wire.Problem) -> Claim:
+    async def claim(self, record: TaskRecord, worker_id: str, lease: str, failure: wire.Problem) -> Claim:
         """Take a queued task, or one whose lease has lapsed. After ``max_attempts`` claims the
         task fails with ``failure`` instead, so a task that kills its worker cannot loop forever."""
         failed_data = wire.encoder.encode(wire.ResponseFailed(response_id=record.response_id, status="failed",
@@ -131,7 +135,7 @@ class TaskStore:
         result = await self._claim(
             keys=_task_keys(record.id),
             args=[lease, int(self.settings.lease_ttl * 1000), self.settings.max_attempts, failed_data,
-                  failed_response, wire.encoder.encode(failure), self.event_ttl_ms, self.task_ttl_ms],
+                  failed_response, wire.encoder.encode(failure), self.event_ttl_ms, self.task_ttl_ms, worker_id],
         )
         outcome = result[0].decode()
         if outcome != "claimed":

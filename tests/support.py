@@ -182,6 +182,8 @@ async def sse_events(client: httpx.AsyncClient, method: str, url: str, **kwargs:
     async with aconnect_sse(client, method, url, **kwargs) as source:
         source.response.raise_for_status()
         async for sse in source.aiter_sse():
+            if not sse.data:
+                continue  # a comment (heartbeat)
             yield SseEvent(int(sse.id) if sse.id else None, sse.event, msgspec.json.decode(sse.data))
 
 

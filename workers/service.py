@@ -63,7 +63,7 @@ class WorkerService:
         failure = GenerationFailed(
             f"The task was given up after {self.settings.max_attempts} attempts: its worker stopped each time.",
             code="worker_lost").problem()
-        claim = await self.store.claim(record, lease, failure)
+        claim = await self.store.claim(record, self.info.id, lease, failure)
         if claim.outcome != "claimed":
             return claim.outcome
         run = TaskRun(record, runtime, self.writer, self.settings, lease)

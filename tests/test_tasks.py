@@ -1,0 +1,176 @@
+"""The tasks API (6.4): background generation, resumable event streams, cancellation."""
+
+import asyncio
+from typing import Any
+
+import httpx
+import pytest
+
+from lmsp_core import wire
+from tests.support import SseEvent, body, collect, sse_events
+from tests.test_errors import assert_problem
+
+
+async def create(client: httpx.AsyncClient, **fields: Any) -> dict[str, Any]:
+    response = await client.post("/lmsp/v1/tasks", json=body(**fields))
+    assert response.status_code == 202, response.text
+    task: dict[str, Any] = response.json()
+    assert response.headers["location"] == f"/lmsp/v1/tasks/{task['id']}"
+    return task
+
+
+async def events(client: httpx.AsyncClient, task_id: str, **kwargs: Any) -> list[SseEvent]:
+    return logged(await collect(client, "GET", f"/lmsp/v1/tasks/{task_id}/events", **kwargs))
+
+
+def logged(received: list[SseEvent]) -> list[SseEvent]:
+    """The events of the task's log (queue notices are extra, id-less events)."""
+    return [e for e in received if e.event != wire.QUEUED]
+
+
+def assert_complete_log(log: list[SseEvent], start: int = 1) -> None:
+    assert [e.id for e in log] == list(range(start, start + len(log)))
+    assert [e.event for e in log].count(wire.COMPLETED) + [e.event for e in log].count(wire.INCOMPLETE) == 1
+    assert log[-1].event in wire.FINAL_EVENTS
+
+
+async def test_create_returns_a_queued_task_object(client: httpx.AsyncClient) -> None:
+    task = await create(client, max_output_tokens=3)
+    assert set(task) == {"id", "object", "status", "created_at", "started_at", "finished_at", "model",
+                         "response_id", "response", "error"}
+    assert task["id"].startswith("task_") and task["response_id"].startswith("resp_")
+    assert task["object"] == "task" and task["status"] == "queued" and task["model"] == "tiny-random"
+    assert task["response"] is None and task["error"] is None
+    log = await events(client, task["id"])
+    assert_complete_log(log)
+    final = (await client.get(f"/lmsp/v1/tasks/{task['id']}")).json()
+    assert final["status"] == "incomplete" and final["finished_at"] >= final["started_at"] >= final["created_at"]
+    assert final["response"]["id"] == task["response_id"]
+    assert final["response"]["output"][0]["content"][0]["text"] == "".join(
+        e.data["delta"] for e in log if e.event == wire.TEXT_DELTA)
+
+
+async def test_resume_with_last_event_id_and_after(client: httpx.AsyncClient) -> None:
+    task = await create(client, max_output_tokens=300)
+    url = f"/lmsp/v1/tasks/{task['id']}/events"
+    first: list[SseEvent] = []
+    async for event in sse_events(client, "GET", url):
+        first += logged([event])
+        if len(first) == 7:
+            break  # drop the connection mid-stream
+    k = first[-1].id
+    assert k == 7
+    by_header = logged(await collect(client, "GET", url, headers={"Last-Event-ID": str(k)}))
+    by_query = logged(await collect(client, "GET", f"{url}?after={k}"))
+    for rest in (by_header, by_query):
+        assert_complete_log(first + rest)
+    assert by_header == by_query
+    # after the task is final: the rest is replayed and the stream closes
+    assert await collect(client, "GET", f"{url}?after={k}") == by_query
+    # `after` wins over the header
+    assert await collect(client, "GET", f"{url}?after=10", headers={"Last-Event-ID": "3"}) == by_query[3:]
+    # no cursor means from the start
+    assert_complete_log(logged(await collect(client, "GET", url)))
+
+
+async def test_cursor_at_or_beyond_the_end_of_a_final_task(client: httpx.AsyncClient) -> None:
+    task = await create(client, max_output_tokens=2)
+    log = await events(client, task["id"])
+    url = f"/lmsp/v1/tasks/{task['id']}/events"
+    assert await collect(client, "GET", f"{url}?after={log[-1].id}") == []
+    assert await collect(client, "GET", f"{url}?after=999") == []
+
+
+async def test_cursor_beyond_the_end_of_a_running_task_waits(client: httpx.AsyncClient) -> None:
+    task = await create(client, max_output_tokens=1000)
+    # asked at once, event 300 does not exist yet: the stream waits for it
+    tail = logged(await collect(client, "GET", f"/lmsp/v1/tasks/{task['id']}/events?after=300"))
+    log = await events(client, task["id"])
+    assert len(log) > 300 and tail == log[300:]
+
+
+@pytest.mark.parametrize("cursor", ["-1", "abc", "1.5", "", "2x", "٣", "+3"])
+async def test_malformed_cursors(client: httpx.AsyncClient, cursor: str) -> None:
+    task = await create(client, max_output_tokens=1)
+    url = f"/lmsp/v1/tasks/{task['id']}/events"
+    if cursor == "":
+        assert (await client.get(url, params={"after": cursor})).status_code == 200
+        return
+    assert_problem(await client.get(url, params={"after": cursor}), 400, "invalid_cursor")
+    if cursor.isascii():
+        assert_problem(await client.get(url, headers={"Last-Event-ID": cursor}), 400, "invalid_cursor")
+
+
+async def test_unknown_tasks(client: httpx.AsyncClient) -> None:
+    for task_id in ("task_01J8M6Q4W2T7N5R3V9X1Z8B0DF", "nonsense", "resp_01J8M6Q4W2T7N5R3V9X1Z8B0DF"):
+        assert_problem(await client.get(f"/lmsp/v1/tasks/{task_id}"), 404, "task_not_found")
+        assert_problem(await client.get(f"/lmsp/v1/tasks/{task_id}/events"), 404, "task_not_found")
+        assert_problem(await client.post(f"/lmsp/v1/tasks/{task_id}/cancel"), 404, "task_not_found")
+
+
+async def test_fifty_readers_get_identical_complete_sequences(client: httpx.AsyncClient) -> None:
+    task = await create(client, max_output_tokens=200)
+    url = f"/lmsp/v1/tasks/{task['id']}/events"
+
+    async def read(delay: float) -> list[SseEvent]:
+        await asyncio.sleep(delay)
+        return logged(await collect(client, "GET", url))
+
+    logs = await asyncio.gather(*(read(i * 0.01) for i in range(50)))
+    assert_complete_log(logs[0])
+    assert all(log == logs[0] for log in logs)
+
+
+async def test_queued_task_stream_sends_heartbeats_and_queue_position(client: httpx.AsyncClient) -> None:
+    task = await create(client, model="tiny-unserved")
+    lines: list[str] = []
+    async with client.stream("GET", f"/lmsp/v1/tasks/{task['id']}/events") as response:
+        async for line in response.aiter_lines():
+            lines.append(line)
+            if sum(line.startswith(":") for line in lines) >= 2:
+                break
+    assert "event: task.queued" in lines
+    notice = next(lines[i + 1] for i, line in enumerate(lines) if line == "event: task.queued")
+    assert notice.startswith("data: ") and '"queue_position":' in notice and '"status":"queued"' in notice
+    assert not any(line.startswith("id:") for line in lines)
+    await client.post(f"/lmsp/v1/tasks/{task['id']}/cancel")
+
+
+async def test_cancel_a_queued_task(client: httpx.AsyncClient) -> None:
+    task = await create(client, model="tiny-unserved")
+    cancelled = await client.post(f"/lmsp/v1/tasks/{task['id']}/cancel")
+    assert cancelled.status_code == 200
+    assert cancelled.json()["status"] == "cancelled"
+    assert cancelled.json()["response"]["status"] == "cancelled"
+    log = await events(client, task["id"])
+    assert [(e.id, e.event) for e in log] == [(1, wire.CANCELLED)]
+    again = await client.post(f"/lmsp/v1/tasks/{task['id']}/cancel")
+    assert again.json() == cancelled.json()
+
+
+async def test_cancel_a_running_task(client: httpx.AsyncClient) -> None:
+    task = await create(client, max_output_tokens=1000)
+    url = f"/lmsp/v1/tasks/{task['id']}/events"
+    async for event in sse_events(client, "GET", url):
+        if event.id == 5:
+            break
+    cancelled = (await client.post(f"/lmsp/v1/tasks/{task['id']}/cancel")).json()
+    assert cancelled["status"] == "cancelled"
+    log = await events(client, task["id"])
+    assert [e.id for e in log] == list(range(1, len(log) + 1))
+    assert [e.event for e in log[-2:]] == [wire.ITEM_DONE, wire.CANCELLED]
+    assert len(log) < 1000
+    text = "".join(e.data["delta"] for e in log if e.event == wire.TEXT_DELTA)
+    assert cancelled["response"]["status"] == "cancelled"
+    assert cancelled["response"]["output"][0]["content"][0]["text"] == text
+    # cancelling a final task changes nothing
+    assert (await client.post(f"/lmsp/v1/tasks/{task['id']}/cancel")).json() == cancelled
+
+
+async def test_retention_settings_are_key_expiries(client: httpx.AsyncClient, redis: Any) -> None:
+    task = await create(client, max_output_tokens=2)
+    await events(client, task["id"])
+    from lmsp_core import keys
+
+    assert 3500 < await redis.ttl(keys.events(task["id"])) <= 3600
+    assert 86000 < await redis.ttl(keys.task(task["id"])) <= 86400

@@ -56,7 +56,7 @@ class EventHub:
             if event.final:
                 return
         tail = await eventlog.last_event(self.redis, task_id)
-        if tail is not None and tail.final:
+        if tail is not None and tail.final and tail.id <= last:
             return  # the task ended at or before the cursor
         queue: asyncio.Queue[Delivery] = asyncio.Queue()
         # the feed reads from what is stored now, even when the cursor is beyond it

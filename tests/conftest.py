@@ -20,6 +20,9 @@ from tests.support import Api, RedisServer, Worker
 TEST_MODELS: list[dict[str, Any]] = [
     {"id": "tiny-unserved", "source": "tiny-random", "context_window": 2048, "max_output_tokens": 1024,
      "capabilities": ["streaming"]},
+    # its worker is configured with a 24-token context window (see test_failures.py)
+    {"id": "tiny-mismatch", "source": "tiny-random", "context_window": 2048, "max_output_tokens": 1024,
+     "capabilities": ["streaming"]},
 ]
 
 

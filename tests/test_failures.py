@@ -1,0 +1,52 @@
+"""A generation that fails is answered with a problem document (sync), ends with response.failed
+(stream and tasks), and leaves the task failed with its error.
+
+The failure is real: the worker for ``tiny-mismatch`` runs with a catalog whose context window is
+smaller than the API's, so the API accepts the request and the worker refuses it.
+"""
+
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx
+import pytest_asyncio
+
+from lmsp_core import wire
+from tests.support import Api, RedisServer, Worker, body, collect
+from tests.test_errors import assert_problem
+from tests.test_tasks import logged
+
+
+@pytest_asyncio.fixture(scope="module")
+async def mismatch_worker(redis_server: RedisServer, tmp_path_factory: object) -> AsyncIterator[Worker]:
+    path = Path(getattr(tmp_path_factory, "mktemp")("mismatch")) / "models.json"
+    path.write_text(json.dumps([{"id": "tiny-mismatch", "source": "tiny-random", "context_window": 24,
+                                 "max_output_tokens": 16, "capabilities": ["streaming"]}]))
+    worker = Worker(redis_server.url, ["tiny-mismatch"], models_file=str(path))
+    worker.start()
+    try:
+        yield await worker.ready()
+    finally:
+        worker.stop()
+
+
+async def test_failed_generation_everywhere(api: Api, mismatch_worker: Worker) -> None:
+    request = body(model="tiny-mismatch", text="a prompt longer than twenty-four tokens " * 3, max_output_tokens=8)
+    async with httpx.AsyncClient(base_url=api.url, timeout=60) as client:
+        sync = await client.post("/lmsp/v1/responses", json=request)
+        problem = assert_problem(sync, 400, "context_length_exceeded")
+        assert "24" in problem["detail"]
+
+        stream = await collect(client, "POST", "/lmsp/v1/responses", json=request | {"stream": True})
+        assert [e.event for e in stream] == [wire.FAILED]
+        assert stream[0].data["status"] == "failed"
+        assert stream[0].data["error"]["code"] == "context_length_exceeded"
+
+        task = (await client.post("/lmsp/v1/tasks", json=request)).json()
+        log = logged(await collect(client, "GET", f"/lmsp/v1/tasks/{task['id']}/events"))
+        assert [(e.id, e.event) for e in log] == [(1, wire.FAILED)]
+        final = (await client.get(f"/lmsp/v1/tasks/{task['id']}")).json()
+        assert final["status"] == "failed"
+        assert final["error"]["code"] == "context_length_exceeded"
+        assert final["response"]["status"] == "failed" and final["response"]["error"] == final["error"]

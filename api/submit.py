@@ -23,7 +23,7 @@ async def submit(services: Services, request: wire.ResponseRequest, *, kind: Kin
                                  retry_after=5)
     renderer = await services.renderer(spec.id)
     if renderer is not None:  # else the worker checks the context length when it starts the task
-        prompt = await asyncio.to_thread(renderer.prompt_ids, request.input)
+        prompt = await asyncio.to_thread(renderer.prompt_ids, request)
         output_budget(request, spec, len(prompt))
     record = TaskRecord(
         id=ids.new_id(ids.TASK), model=spec.id, owner=owner, kind=kind, status="queued",

@@ -9,16 +9,16 @@ import hashlib
 import json
 from collections.abc import Sequence
 from datetime import datetime
-from functools import cached_property
 from typing import Any
 
 import jinja2
+import jinja2.meta
 import msgspec
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 
 from lmsp_core import wire
-from lmsp_core.errors import InvalidRequest
+from lmsp_core.grammars import CALL_CLOSE, CALL_OPEN
 
 
 class ModelCard(msgspec.Struct, frozen=True, kw_only=True):
@@ -63,15 +63,72 @@ def message_text(parts: Sequence[wire.ContentPart]) -> str:
     return "".join(part.text for part in parts if isinstance(part, wire.TEXT_PARTS))
 
 
-def to_messages(items: Sequence[wire.InputItem]) -> list[dict[str, Any]]:
-    """LMSP input items as the chat-message dicts that chat templates expect."""
+def _call_text(call: wire.FunctionCall) -> str:
+    return f'{CALL_OPEN}{{"name": {json.dumps(call.name)}, "arguments": {_arguments_json(call)}}}{CALL_CLOSE}'
+
+
+def _arguments_json(call: wire.FunctionCall) -> str:
+    try:
+        return json.dumps(json.loads(call.arguments), ensure_ascii=False)
+    except ValueError:  # the client sent back arguments that are not JSON: pass them on as a string
+        return json.dumps(call.arguments, ensure_ascii=False)
+
+
+def _native_call(call: wire.FunctionCall) -> dict[str, Any]:
+    try:
+        arguments: Any = json.loads(call.arguments)
+    except ValueError:
+        arguments = call.arguments
+    return {"id": call.call_id, "type": "function", "function": {"name": call.name, "arguments": arguments}}
+
+
+def to_messages(items: Sequence[wire.InputItem], native_tools: bool = False) -> list[dict[str, Any]]:
+    """LMSP input items as the chat-message dicts that chat templates expect.
+
+    Consecutive function calls become one assistant turn; a function call's output becomes a
+    ``tool`` message. Reasoning items are dropped (templates drop earlier turns' reasoning).
+    """
     messages: list[dict[str, Any]] = []
     for item in items:
         if isinstance(item, wire.Message):
             messages.append({"role": item.role, "content": message_text(item.content)})
-        elif isinstance(item, wire.FunctionCall | wire.FunctionCallOutput | wire.Reasoning):
-            raise InvalidRequest(f"Input items of type {type(item).__name__} are not supported by this model.")
+        elif isinstance(item, wire.FunctionCall):
+            last = messages[-1] if messages else None
+            if last is None or last["role"] != "assistant" or not last.get("_calls"):
+                last = {"role": "assistant", "content": "", "_calls": True}
+                messages.append(last)
+            if native_tools:
+                last.setdefault("tool_calls", []).append(_native_call(item))
+            else:
+                last["content"] += ("\n" if last["content"] else "") + _call_text(item)
+        elif isinstance(item, wire.FunctionCallOutput):
+            messages.append({"role": "tool", "tool_call_id": item.call_id, "content": item.output})
+    for message in messages:
+        message.pop("_calls", None)
     return messages
+
+
+def tools_prompt(tools: Sequence[wire.FunctionTool]) -> str:
+    """How the service tells a model whose template knows no tools about them (service format)."""
+    listing = "\n".join(json.dumps(_tool_dict(tool)["function"], ensure_ascii=False) for tool in tools)
+    return (
+        "You can call functions. These are their JSON schemas:\n<tools>\n" + listing + "\n</tools>\n"
+        "To call a function, answer with one block per call, exactly like this:\n"
+        f'{CALL_OPEN}{{"name": "<function name>", "arguments": {{<arguments as JSON>}}}}{CALL_CLOSE}\n'
+        "The results come back in messages from the tool role."
+    )
+
+
+def _tool_dict(tool: wire.FunctionTool) -> dict[str, Any]:
+    return {"type": "function",
+            "function": {"name": tool.name, "description": tool.description, "parameters": tool.parameters}}
+
+
+def with_tools_prompt(messages: list[dict[str, Any]], tools: Sequence[wire.FunctionTool]) -> list[dict[str, Any]]:
+    block = tools_prompt(tools)
+    if messages and messages[0]["role"] == "system":
+        return [{**messages[0], "content": messages[0]["content"] + "\n\n" + block}, *messages[1:]]
+    return [{"role": "system", "content": block}, *messages]
 
 
 class PromptRenderer:
@@ -80,24 +137,29 @@ class PromptRenderer:
     def __init__(self, card: ModelCard) -> None:
         self.card = card
         self.tokenizer = Tokenizer.from_str(card.tokenizer_json)
-        self._template = _environment().from_string(card.chat_template)
+        environment = _environment()
+        self._template = environment.from_string(card.chat_template)
+        # a template that reads `tools` renders tool definitions, calls and results itself
+        self.native_tools = "tools" in jinja2.meta.find_undeclared_variables(environment.parse(card.chat_template))
 
-    def render(self, items: Sequence[wire.InputItem]) -> str:
+    def render(self, items: Sequence[wire.InputItem], tools: Sequence[wire.FunctionTool] | None = None) -> str:
+        messages = to_messages(items, self.native_tools)
+        context: dict[str, Any] = {}
+        if tools and self.native_tools:
+            context["tools"] = [_tool_dict(tool) for tool in tools]
+        elif tools:
+            messages = with_tools_prompt(messages, tools)
         return self._template.render(
-            messages=to_messages(items),
+            messages=messages,
             add_generation_prompt=True,
             bos_token=self.card.bos_token or "",
             eos_token=self.card.eos_token or "",
+            **context,
         )
 
     def encode(self, text: str) -> list[int]:
         ids: list[int] = self.tokenizer.encode(text, add_special_tokens=False).ids
         return ids
 
-    def prompt_ids(self, items: Sequence[wire.InputItem]) -> list[int]:
-        return self.encode(self.render(items))
-
-    @cached_property
-    def vocab_size(self) -> int:
-        size: int = self.tokenizer.get_vocab_size(with_added_tokens=True)
-        return size
+    def prompt_ids(self, request: wire.ResponseRequest) -> list[int]:
+        return self.encode(self.render(request.input, request.tools))

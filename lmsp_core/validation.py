@@ -4,7 +4,9 @@ The API runs them before it answers (so errors are HTTP 400s, before any SSE byt
 them again before it generates, since a queued request may meet a differently configured worker.
 """
 
-from lmsp_core import wire
+import re
+
+from lmsp_core import grammars, wire
 from lmsp_core.catalog import ModelSpec
 from lmsp_core.errors import ContextLengthExceeded, InvalidRequest, UnsupportedCapability
 
@@ -14,6 +16,9 @@ _RESERVED_CONTENT = (wire.InputImage, wire.InputAudio, wire.InputFile)
 def check_request(request: wire.ResponseRequest, spec: ModelSpec) -> None:
     _check_content(request)
     _check_capabilities(request, spec)
+    _check_tools(request)
+    _check_calls(request)
+    _check_response_format(request)
     if request.max_output_tokens is not None and request.max_output_tokens > spec.max_output_tokens:
         raise InvalidRequest(
             f"max_output_tokens is {request.max_output_tokens}; model {spec.id!r} allows at most "
@@ -49,6 +54,56 @@ def _check_capabilities(request: wire.ResponseRequest, spec: ModelSpec) -> None:
         if needed and not spec.has(capability):  # type: ignore[arg-type]
             raise UnsupportedCapability(f"{what} needs the {capability!r} capability, which model "
                                         f"{spec.id!r} does not have.")
+
+
+def _check_tools(request: wire.ResponseRequest) -> None:
+    tools = request.tools or []
+    names = [tool.name for tool in tools]
+    if len(set(names)) != len(names):
+        duplicate = next(name for name in names if names.count(name) > 1)
+        raise InvalidRequest(f"Two tools are named {duplicate!r}; tool names must be unique.",
+                             code="duplicate_tool_name")
+    for tool in tools:
+        if tool.parameters.get("type", "object") != "object":
+            raise InvalidRequest(f"The parameters of tool {tool.name!r} must be a JSON schema of type object.",
+                                 code="invalid_tool_schema")
+        if error := grammars.schema_grammar_error(tool.parameters):
+            raise InvalidRequest(f"The parameters of tool {tool.name!r} are not a usable JSON schema: "
+                                 f"{_first_line(error)}", code="invalid_tool_schema")
+    choice = request.tool_choice
+    if isinstance(choice, wire.NamedToolChoice) and choice.name not in names:
+        raise InvalidRequest(f"tool_choice names {choice.name!r}, which is not in tools.", code="unknown_tool")
+    if (choice == "required" or isinstance(choice, wire.NamedToolChoice)) and not tools:
+        raise InvalidRequest("tool_choice requires a call but the request has no tools.", code="invalid_tool_choice")
+
+
+def _check_calls(request: wire.ResponseRequest) -> None:
+    """Every function_call_output answers a function_call that comes before it in the input."""
+    calls: set[str] = set()
+    for index, item in enumerate(request.input):
+        if isinstance(item, wire.FunctionCall):
+            calls.add(item.call_id)
+        elif isinstance(item, wire.FunctionCallOutput) and item.call_id not in calls:
+            raise InvalidRequest(f"input[{index}] is the output of call {item.call_id!r}, but no function_call "
+                                 "with that call_id comes before it.", code="unmatched_call_id")
+
+
+def _check_response_format(request: wire.ResponseRequest) -> None:
+    if isinstance(request.response_format, wire.JsonSchemaFormat):
+        spec = request.response_format.json_schema
+        if error := grammars.schema_grammar_error(spec.schema):
+            raise InvalidRequest(f"json_schema {spec.name!r} is not a usable JSON schema: {_first_line(error)}",
+                                 code="invalid_json_schema")
+
+
+def _first_line(message: str) -> str:
+    """llguidance's message without its position prefix and its excerpt of the generated grammar."""
+    lines = []
+    for line in message.strip().splitlines():
+        if re.match(r"\s+\d+ \|", line):
+            break
+        lines.append(line.strip())
+    return " ".join(line for line in lines if line).split("failed to compile JSON schema: ", 1)[-1]
 
 
 def output_budget(request: wire.ResponseRequest, spec: ModelSpec, prompt_tokens: int) -> int:

@@ -27,5 +27,6 @@ def test_renderer_matches_transformers_for_smollm2() -> None:
     expected = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     renderer = PromptRenderer(card)
     assert renderer.render(items) == expected
-    assert renderer.prompt_ids(items) == tokenizer(expected, add_special_tokens=False)["input_ids"]
+    request = wire.ResponseRequest(model=SMOLLM2.id, input=items)
+    assert renderer.prompt_ids(request) == tokenizer(expected, add_special_tokens=False)["input_ids"]
     assert card.stop_token_ids == [tokenizer.eos_token_id]

@@ -22,8 +22,8 @@ def assert_id(value: str, prefix: str) -> None:
 async def prompt_tokens(redis: aioredis.Redis, model: str, text: str) -> int:
     card = await registry.load_card(redis, model)
     assert card is not None
-    items = msgspec.convert(user_input(text), list[wire.InputItem])
-    return len(PromptRenderer(card).prompt_ids(items))
+    request = msgspec.convert({"model": model, "input": user_input(text)}, wire.ResponseRequest)
+    return len(PromptRenderer(card).prompt_ids(request))
 
 
 async def test_synchronous_response_has_the_shape_of_6_2(client: httpx.AsyncClient, redis: aioredis.Redis) -> None:

@@ -20,6 +20,7 @@ from lmsp_core.queue import GENERATE
 from lmsp_core.settings import Settings
 from workers import loader
 from workers.engine import Engine
+from workers.grammar import tokenizer_for
 from workers.queueworker import WakeableWorker, listen_for_wakes
 from workers.service import WorkerService
 from workers.taskrun import ModelRuntime
@@ -43,7 +44,8 @@ async def serve(settings: Settings, model_ids: list[str]) -> None:
     device = "cpu"
     for spec in specs:
         loaded = await asyncio.to_thread(loader.load, spec, Path(settings.model_cache))
-        runtimes[spec.id] = ModelRuntime(spec, Engine(loaded), PromptRenderer(loaded.card))
+        runtimes[spec.id] = ModelRuntime(spec, Engine(loaded), PromptRenderer(loaded.card),
+                                         await asyncio.to_thread(tokenizer_for, loaded.card))
         device = str(loaded.device)
         logger.info("model %s ready on %s", spec.id, loaded.device)
     redis = await connect(settings)

@@ -1,30 +1,34 @@
 """One claimed task on this worker: prompt in, LMSP events out.
 
 A run renders the prompt, hands a sequence to the model's engine and, as tokens arrive, appends
-the events of 6.3 through the writer: ``response.created``, ``response.output_item.added``,
-``response.output_text.delta``..., ``response.output_item.done`` and one final event. A run that
-resumes a task another worker left behind reads the task's log and token checkpoint first and
-continues with the same item id and the next event number, without repeating text.
+the events of 6.3 through the writer: ``response.created``, the output items (messages with their
+text deltas, function calls) and one final event. A run that resumes a task another worker left
+behind replays the stored token checkpoint silently: text decoding, output assembly and the
+grammar are deterministic, so it reaches exactly the state whose events are stored (the tokens and
+the events they caused are written in one atomic append), then continues with the same item ids
+and the next event number.
 """
 
 import asyncio
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+import llguidance
 import msgspec
 from redis.asyncio import Redis
 
-from lmsp_core import eventlog, keys, wire
+from lmsp_core import eventlog, grammars, keys, wire
 from lmsp_core.catalog import ModelSpec
 from lmsp_core.chat import PromptRenderer
 from lmsp_core.errors import GenerationFailed, LmspError
-from lmsp_core.ids import MESSAGE, new_id
 from lmsp_core.settings import Settings
 from lmsp_core.tasks import TaskRecord
 from lmsp_core.validation import check_request, output_budget
 from workers import engine as eng
 from workers.engine import Engine, Sequence
+from workers.grammar import GrammarConstraint
+from workers.output import Mode, OutputAssembler
 from workers.sampling import RowSampler, SamplingParams
 from workers.textstream import TextStream
 from workers.writer import EventWriter, Final, unpack_tokens
@@ -42,6 +46,7 @@ class ModelRuntime:
     spec: ModelSpec
     engine: Engine
     renderer: PromptRenderer
+    grammar_tokenizer: llguidance.LLTokenizer
 
 
 @dataclass
@@ -49,8 +54,7 @@ class History:
     """What a previous holder of the task already stored."""
 
     last_event_id: int = 0
-    item_id: str | None = None
-    text: str = ""
+    items: list[wire.OutputItem] = field(default_factory=list)  # as announced, in output order
     tokens: tuple[int, ...] = ()
 
 
@@ -58,21 +62,23 @@ async def load_history(redis: Redis, task_id: str, last_event_id: int) -> Histor
     history = History(last_event_id=last_event_id)
     if last_event_id == 0:
         return history
-    events: list[eventlog.Event] = []
-    while len(events) < last_event_id:
-        chunk = await eventlog.read_after(redis, task_id, events[-1].id if events else 0)
+    after = 0
+    while after < last_event_id:
+        chunk = await eventlog.read_after(redis, task_id, after)
         if not chunk:
             break
-        events += chunk
-    deltas = []
-    for event in events:
-        if event.name == wire.ITEM_ADDED:
-            history.item_id = msgspec.json.decode(event.data, type=wire.OutputItemAdded).item.id
-        elif event.name == wire.TEXT_DELTA:
-            deltas.append(msgspec.json.decode(event.data, type=wire.OutputTextDelta).delta)
-    history.text = "".join(deltas)
+        after = chunk[-1].id
+        history.items += [msgspec.json.decode(e.data, type=wire.OutputItemAdded).item
+                          for e in chunk if e.name == wire.ITEM_ADDED]
     history.tokens = tuple(unpack_tokens(await redis.get(keys.tokens(task_id)) or b""))
     return history
+
+
+def output_mode(request: wire.ResponseRequest) -> Mode:
+    choice = request.tool_choice or "auto"
+    if not request.tools or choice == "none":
+        return "text"
+    return "auto" if choice == "auto" else "calls"
 
 
 class TaskRun:
@@ -89,7 +95,7 @@ class TaskRun:
         self._generation_done = asyncio.Event()
         self._durable = asyncio.Event()
         self._text = TextStream(runtime.renderer.tokenizer)
-        self._item_id = new_id(MESSAGE)
+        self._output = OutputAssembler(record.response_id, self._emit, output_mode(self.request))
         self._input_tokens = 0
 
     # --- the writer's view (Writable) -----------------------------------------------------------
@@ -122,11 +128,11 @@ class TaskRun:
         """Generate until a final event is stored (or the lease is lost); returns the outcome."""
         self.writer.open(self, history.last_event_id, len(history.tokens))
         try:
-            prompt, budget = await asyncio.to_thread(self._prepare)
+            prompt, budget, grammar = await asyncio.to_thread(self._prepare)
+            self._start(prompt, budget, grammar, history)
         except LmspError as exc:
             self._fail(exc.problem())
         else:
-            self._start(prompt, budget, history)
             if cancel_requested:
                 self.on_cancel_requested()
             try:
@@ -147,35 +153,43 @@ class TaskRun:
         await self.writer.settled(self.task_id)
         self.writer.close(self.task_id)
 
-    def _prepare(self) -> tuple[list[int], int]:
+    def _prepare(self) -> tuple[list[int], int, str | None]:
         spec = self.runtime.spec
         check_request(self.request, spec)
-        prompt = self.runtime.renderer.prompt_ids(self.request.input)
-        return prompt, output_budget(self.request, spec, len(prompt))
+        prompt = self.runtime.renderer.prompt_ids(self.request)
+        return prompt, output_budget(self.request, spec, len(prompt)), grammars.generation_grammar(self.request)
 
-    def _start(self, prompt: list[int], budget: int, history: History) -> None:
+    def _start(self, prompt: list[int], budget: int, grammar: str | None, history: History) -> None:
         self._input_tokens = len(prompt)
-        if history.item_id is None:
+        constraint = None
+        if grammar is not None:
+            try:
+                constraint = GrammarConstraint(self.runtime.grammar_tokenizer, grammar, history.tokens)
+            except ValueError as exc:
+                raise GenerationFailed(f"The output grammar could not be applied: {exc}") from exc
+        if history.last_event_id == 0:
             self._emit(wire.CREATED, wire.ResponseCreated(response_id=self.record.response_id))
-            self._emit(wire.ITEM_ADDED, wire.OutputItemAdded(
-                response_id=self.record.response_id, output_index=0, item=self._message(None)))
+            self._output.start()
         else:
-            self._item_id = history.item_id
-            missed = self._text.replay(history.tokens)[len(history.text):]
-            if missed:
-                self._delta(missed)
+            self._replay(history)
         params = SamplingParams(temperature=self.request.temperature or 0.0)
-        self.sequence = Sequence(prompt, budget, RowSampler(params), self.runtime.renderer.card.stop_token_ids,
-                                 sink=self, generated=history.tokens)
+        self.sequence = Sequence(prompt, budget, RowSampler(params, constraint),
+                                 self.runtime.renderer.card.stop_token_ids, sink=self, generated=history.tokens)
         self.runtime.engine.submit(self.sequence)
+
+    def _replay(self, history: History) -> None:
+        """Bring decoding and output assembly to where the stored events end, emitting nothing."""
+        self._output.known = history.items
+        self._output.emit = lambda name, data: None
+        self._output.start()
+        self._output.feed(self._text.replay(history.tokens))
+        self._output.emit = self._emit
 
     # --- engine sink -----------------------------------------------------------------------------
 
     def on_token(self, seq: Sequence, token: int) -> None:
         self.writer.tokens(self, [token])
-        delta = self._text.push(token)
-        if delta:
-            self._delta(delta)
+        self._output.feed(self._text.push(token))
 
     def on_finish(self, seq: Sequence, reason: str, error: BaseException | None) -> None:
         try:
@@ -199,25 +213,15 @@ class TaskRun:
     def _emit(self, name: str, data: Any) -> None:
         self.writer.event(self, name, wire.encoder.encode(data))
 
-    def _delta(self, text: str) -> None:
-        self._emit(wire.TEXT_DELTA, wire.OutputTextDelta(
-            response_id=self.record.response_id, item_id=self._item_id, delta=text))
-
-    def _message(self, text: str | None) -> wire.OutputMessage:
-        content = [] if text is None else [wire.OutputTextPart(text=text)]
-        return wire.OutputMessage(id=self._item_id, content=content)
-
     def _complete(self, seq: Sequence, reason: str) -> None:
-        item = self._message(self._text.text)
-        self._emit(wire.ITEM_DONE, wire.OutputItemDone(response_id=self.record.response_id, output_index=0,
-                                                       item=item))
+        items = self._output.finish()
         usage = wire.Usage(input_tokens=self._input_tokens, output_tokens=len(seq.generated),
                            total_tokens=self._input_tokens + len(seq.generated))
         rid = self.record.response_id
+        details = None
         if reason == CANCELLED:
             status: wire.ResponseStatus = "cancelled"
             self._emit(wire.CANCELLED, wire.ResponseCancelled(response_id=rid, status=status))
-            details = None
         elif reason == eng.LENGTH:
             status = "incomplete"
             details = wire.IncompleteDetails(reason="max_output_tokens")
@@ -225,9 +229,8 @@ class TaskRun:
                                                                 incomplete_details=details, usage=usage))
         else:
             status = "completed"
-            details = None
             self._emit(wire.COMPLETED, wire.ResponseCompleted(response_id=rid, status=status, usage=usage))
-        response = self._response(status, [item], usage, incomplete=details)
+        response = self._response(status, items, usage, incomplete=details)
         self.outcome = status
         self.writer.finalize(self, Final(status, wire.encoder.encode(response)))
 
@@ -245,4 +248,3 @@ class TaskRun:
         return wire.Response(id=self.record.response_id, created_at=int(self.record.created_at), status=status,
                              model=self.record.model, output=output, usage=usage, error=error,
                              incomplete_details=incomplete)
-

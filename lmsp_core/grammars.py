@@ -1,0 +1,111 @@
+"""Grammars for constrained decoding (llguidance), built from a request's tools and response format.
+
+The API builds them to reject invalid schemas with a 400 before queueing; workers build the same
+grammars and enforce them token by token, so tool-call arguments and json_schema output always
+parse and validate.
+
+Tool calls use one text format, whatever the model (see docs/protocol.md):
+``<tool_call>{"name": "<tool>", "arguments": {...}}</tool_call>``, several calls separated by a
+newline. It is the format of Hermes-style chat templates (Qwen, Hermes and others), so models whose
+template knows tools see their native format, and others are told about it in the system prompt.
+"""
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import llguidance
+
+from lmsp_core import wire
+
+CALL_OPEN = "<tool_call>"
+CALL_CLOSE = "</tool_call>"
+
+_SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
+_SCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties")
+_SCHEMA_ONES = ("items", "not", "if", "then", "else", "additionalItems", "contains", "propertyNames")
+
+
+def closed(schema: Any) -> Any:
+    """The schema with ``additionalProperties: false`` on every object schema that does not say.
+
+    Any output of the closed schema validates against the original: the model may only write the
+    properties the schema declares, rather than invent keys (which a grammar cannot bound)."""
+    if not isinstance(schema, dict):
+        return schema
+    result = {key: value for key, value in schema.items()}
+    for key in _SCHEMA_LISTS:
+        if isinstance(result.get(key), list):
+            result[key] = [closed(item) for item in result[key]]
+    for key in _SCHEMA_MAPS:
+        if isinstance(result.get(key), dict):
+            result[key] = {name: closed(item) for name, item in result[key].items()}
+    for key in _SCHEMA_ONES:
+        if key in result:
+            result[key] = closed(result[key])
+    if isinstance(result.get("additionalProperties"), dict):
+        result["additionalProperties"] = closed(result["additionalProperties"])
+    is_object = result.get("type") == "object" or "properties" in result
+    if is_object and "additionalProperties" not in result and "patternProperties" not in result:
+        result["additionalProperties"] = False
+    return result
+
+
+def call_schema(tools: Sequence[wire.FunctionTool]) -> dict[str, Any]:
+    """JSON schema of one call's body: the name of one of ``tools`` and its arguments."""
+    options = [
+        {
+            "type": "object",
+            "properties": {"name": {"const": tool.name}, "arguments": closed(tool.parameters)},
+            "required": ["name", "arguments"],
+            "additionalProperties": False,
+        }
+        for tool in tools
+    ]
+    return options[0] if len(options) == 1 else {"anyOf": options}
+
+
+def _json_lark(schema: dict[str, Any]) -> str:
+    # compact JSON: with free whitespace a model can pad forever between tokens
+    options = {"whitespace_flexible": False}
+    return f"%json {json.dumps({**schema, 'x-guidance': options})}"
+
+
+def generation_grammar(request: wire.ResponseRequest) -> str | None:
+    """The llguidance grammar the output must follow, or None when it is free text."""
+    choice = request.tool_choice or "auto"
+    schema = request.response_format.json_schema.schema if isinstance(
+        request.response_format, wire.JsonSchemaFormat) else None
+    text = f"TEXT: /(.|\\n)*/ & ~/{CALL_OPEN}(.|\\n)*/\n"  # any text that does not start like a call
+    if schema is not None and (not request.tools or choice == "none"):
+        return llguidance.LLMatcher.grammar_from_lark(f"start: body\nbody: {_json_lark(closed(schema))}\n")
+    if not request.tools:
+        return None
+    if choice == "none":  # the tools are in the prompt, but the output must not be a call
+        return llguidance.LLMatcher.grammar_from_lark("start: TEXT\n" + text)
+    tools = request.tools
+    if isinstance(choice, wire.NamedToolChoice):
+        tools = [tool for tool in tools if tool.name == choice.name]
+    calls = (f'calls: call ("\\n" call)*\ncall: "{CALL_OPEN}" body "{CALL_CLOSE}"\n'
+             f"body: {_json_lark(call_schema(tools))}\n")
+    if choice != "auto":  # "required" or a named function: the output is calls only
+        return llguidance.LLMatcher.grammar_from_lark("start: calls\n" + calls)
+    if schema is not None:  # a call, or the structured answer
+        return llguidance.LLMatcher.grammar_from_lark(
+            f"start: calls | answer\nanswer: {_json_lark(closed(schema))}\n" + calls)
+    return llguidance.LLMatcher.grammar_from_lark("start: calls | TEXT\n" + text + calls)
+
+
+def grammar_error(grammar: str) -> str | None:
+    """Why llguidance refuses the grammar (an invalid or unsupported schema), or None."""
+    message = llguidance.LLMatcher.validate_grammar(grammar)
+    return message or None
+
+
+def schema_grammar_error(schema: dict[str, Any]) -> str | None:
+    """Why a JSON schema cannot be enforced, or None."""
+    try:
+        grammar = llguidance.LLMatcher.grammar_from_lark(f"start: body\nbody: {_json_lark(closed(schema))}\n")
+    except (ValueError, TypeError) as exc:
+        return str(exc)
+    return grammar_error(grammar)

@@ -1,0 +1,100 @@
+"""Decoded text -> LMSP output items and their events.
+
+The text of a response is either a message (free text, or JSON under ``json_schema``) or a series
+of tool calls in the service's call format (``lmsp_core.grammars``). With ``tool_choice: auto`` the
+first characters decide: the grammar forbids text that starts like a call, so a text that begins
+with a prefix of the call tag is held back until it is clearly one or the other.
+"""
+
+import json
+from collections.abc import Callable, Sequence
+from typing import Any, Literal
+
+from lmsp_core import ids, wire
+from lmsp_core.grammars import CALL_CLOSE, CALL_OPEN
+
+Mode = Literal["text", "calls", "auto"]
+Emit = Callable[[str, Any], None]
+
+
+class OutputAssembler:
+    def __init__(self, response_id: str, emit: Emit, mode: Mode, known: Sequence[wire.OutputItem] = ()) -> None:
+        self.response_id = response_id
+        self.emit = emit
+        self.mode: Mode = mode
+        self.known = list(known)  # items a previous run announced: their ids are reused on resume
+        self.items: list[wire.OutputItem] = []
+        self._message: wire.OutputMessage | None = None
+        self._text: list[str] = []
+        self._pending = ""  # text not yet turned into events (an undecided prefix, an unfinished call)
+
+    def start(self) -> None:
+        if self.mode == "text":
+            self._open_message()
+
+    def feed(self, text: str) -> None:
+        if not text:
+            return
+        if self.mode == "text":
+            self._add_text(text)
+            return
+        self._pending += text
+        if self.mode == "auto":
+            if self._pending.startswith(CALL_OPEN):
+                self.mode = "calls"
+            elif CALL_OPEN.startswith(self._pending):
+                return  # still undecided
+            else:
+                self.mode = "text"
+                text, self._pending = self._pending, ""
+                self._open_message()
+                self._add_text(text)
+                return
+        self._take_calls()
+
+    def finish(self) -> list[wire.OutputItem]:
+        """Close the open message; an unfinished call (the token budget ran out) is dropped."""
+        if self._message is not None:
+            item = wire.OutputMessage(id=self._message.id, content=[wire.OutputTextPart(text="".join(self._text))])
+            self.items[-1] = item
+            self.emit(wire.ITEM_DONE, wire.OutputItemDone(response_id=self.response_id,
+                                                          output_index=len(self.items) - 1, item=item))
+            self._message = None
+        return self.items
+
+    # --- internals -----------------------------------------------------------------------------
+
+    def _next_id(self, prefix: str) -> tuple[str, wire.OutputItem | None]:
+        known = self.known[len(self.items)] if len(self.items) < len(self.known) else None
+        return (known.id if known is not None else ids.new_id(prefix)), known
+
+    def _open_message(self) -> None:
+        item_id, _ = self._next_id(ids.MESSAGE)
+        self._message = wire.OutputMessage(id=item_id)
+        self.items.append(self._message)
+        self.emit(wire.ITEM_ADDED, wire.OutputItemAdded(response_id=self.response_id,
+                                                        output_index=len(self.items) - 1, item=self._message))
+
+    def _add_text(self, text: str) -> None:
+        assert self._message is not None
+        self._text.append(text)
+        self.emit(wire.TEXT_DELTA, wire.OutputTextDelta(response_id=self.response_id, item_id=self._message.id,
+                                                        delta=text))
+
+    def _take_calls(self) -> None:
+        while (end := self._pending.find(CALL_CLOSE)) >= 0:
+            body = self._pending[self._pending.index(CALL_OPEN) + len(CALL_OPEN):end]
+            self._pending = self._pending[end + len(CALL_CLOSE):]
+            self._add_call(json.loads(body))
+
+    def _add_call(self, call: dict[str, Any]) -> None:
+        item_id, known = self._next_id(ids.FUNCTION_CALL)
+        call_id = known.call_id if isinstance(known, wire.OutputFunctionCall) else ids.new_id(ids.CALL)
+        arguments = json.dumps(call["arguments"], ensure_ascii=False, separators=(",", ":"))
+        announced = wire.OutputFunctionCall(id=item_id, call_id=call_id, name=call["name"], arguments="")
+        item = wire.OutputFunctionCall(id=item_id, call_id=call_id, name=call["name"], arguments=arguments)
+        self.items.append(item)
+        index = len(self.items) - 1
+        self.emit(wire.ITEM_ADDED, wire.OutputItemAdded(response_id=self.response_id, output_index=index,
+                                                        item=announced))
+        self.emit(wire.ITEM_DONE, wire.OutputItemDone(response_id=self.response_id, output_index=index, item=item))

@@ -7,12 +7,13 @@ from api.services import Services
 from lmsp_core import registry
 
 
-@get("/healthz", summary="Liveness", tags=["health"])
+@get("/healthz", summary="Liveness", tags=["health"], opt={"public": True})
 async def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@get("/readyz", summary="Readiness: Redis reachable and at least one live worker", tags=["health"])
+@get("/readyz", summary="Readiness: Redis reachable and at least one live worker", tags=["health"],
+     opt={"public": True})
 async def readyz(services: Services) -> Response[dict[str, object]]:
     try:
         await services.redis.ping()

@@ -16,7 +16,7 @@ import pytest
 import pytest_asyncio
 import redis.asyncio as aioredis
 
-from tests.support import Api, RedisServer, TokenFactory, Worker
+from tests.support import SECURE_CORS_ORIGIN, Api, RedisServer, TokenFactory, Worker
 
 # models only the tests use; "tiny-unserved" never gets a worker
 TEST_MODELS: list[dict[str, Any]] = [
@@ -30,7 +30,6 @@ TEST_MODELS: list[dict[str, Any]] = [
      "capabilities": ["streaming"], "max_queue_depth": 2},
 ]
 
-SECURE_CORS_ORIGIN = "https://app.example"
 
 
 @pytest.fixture(scope="session")

@@ -22,6 +22,7 @@ from httpx_sse import aconnect_sse
 from lmsp_core import tokens
 
 ROOT = Path(__file__).resolve().parent.parent
+SECURE_CORS_ORIGIN = "https://app.example"  # the one origin the secure_api fixture allows
 
 
 def free_port() -> int:
@@ -213,3 +214,12 @@ class TokenFactory:
 
 def bearer(token: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
+
+
+async def tasks_of(redis: aioredis.Redis, principal: str) -> list[str]:
+    """Ids of the task records (tasks and direct responses) that belong to a principal."""
+    found = []
+    async for key in redis.scan_iter(match="lmsp:task:{*}", count=1000):
+        if await redis.type(key) == b"hash" and await redis.hget(key, "owner") == principal.encode():
+            found.append((await redis.hget(key, "id")).decode())
+    return found

@@ -9,7 +9,7 @@ from litestar.openapi import OpenAPIConfig
 from api.auth import authorize, check_exposure, check_routes
 from api.deps import provide_identity, provide_owner, provide_services
 from api.idempotency import HEADER as IDEMPOTENCY_HEADER
-from api.problems import HANDLERS
+from api.problems import HANDLERS, problems_only
 from api.routes.health import healthz, readyz
 from api.routes.models import ModelsController
 from api.routes.responses import ResponsesController
@@ -54,6 +54,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
         },
         guards=[authorize],
         exception_handlers=HANDLERS,
+        after_request=problems_only,
         middleware=[VersionMiddleware()],
         before_send=[add_version_header],
         on_startup=[start],

@@ -9,6 +9,7 @@ from litestar.openapi import OpenAPIConfig
 from api.auth import authorize, check_exposure, check_routes
 from api.deps import provide_identity, provide_owner, provide_services
 from api.idempotency import HEADER as IDEMPOTENCY_HEADER
+from api.idempotency import REPLAYED_HEADER
 from api.problems import HANDLERS, problems_only
 from api.routes.health import healthz, readyz
 from api.routes.models import ModelsController
@@ -17,8 +18,6 @@ from api.routes.tasks import TasksController
 from api.services import Services
 from api.version import VersionMiddleware, add_version_header
 from lmsp_core.settings import Settings, load_settings
-
-REPLAYED_HEADER = "Idempotent-Replayed"
 
 
 def cors_config(settings: Settings) -> CORSConfig | None:

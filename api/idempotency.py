@@ -8,8 +8,10 @@ enqueuing anything); a different fingerprint is ``422 idempotency_key_reused``.
 """
 
 import hashlib
+from typing import Annotated
 
 import msgspec
+from litestar.params import HeaderParameter
 from redis.asyncio import Redis
 
 from lmsp_core import keys, wire
@@ -17,6 +19,11 @@ from lmsp_core.errors import InvalidRequest, ServiceUnavailable, Unprocessable
 
 MAX_KEY_LENGTH = 255
 HEADER = "Idempotency-Key"
+REPLAYED_HEADER = "Idempotent-Replayed"
+REPLAYED = {REPLAYED_HEADER: "true"}  # on the answers to repeats
+
+IdempotencyKey = Annotated[str | None, HeaderParameter(name=HEADER)]
+_canonical = msgspec.json.Encoder(order="sorted")  # object keys sorted at every level
 
 
 class Reservation(msgspec.Struct, frozen=True):
@@ -36,7 +43,7 @@ def parse_key(raw: str | None) -> str | None:
 def fingerprint(endpoint: str, request: wire.ResponseRequest) -> str:
     """What must match for a repeat: the endpoint and the request. ``stream`` is left out: it only
     chooses how the answer is delivered, so a repeat may follow the same task either way."""
-    canonical = wire.encoder.encode(msgspec.structs.replace(request, stream=False))
+    canonical = _canonical.encode(msgspec.structs.replace(request, stream=False))
     return hashlib.sha256(endpoint.encode() + b"\n" + canonical).hexdigest()
 
 

@@ -1,6 +1,7 @@
 """Idempotency-Key on POST /responses and POST /tasks: one generation per key and body, per principal."""
 
 import asyncio
+import json
 from typing import Any
 
 import httpx
@@ -77,6 +78,11 @@ async def test_same_key_with_another_body_or_endpoint_is_refused(secure: httpx.A
     original = body(model="tiny-unserved", text="one")
     created = await secure.post("/lmsp/v1/tasks", json=original, headers=headers(token, "k1"))
     assert created.status_code == 202
+    # whitespace and key order are not part of the body's identity
+    reordered = json.dumps(dict(reversed(list(original.items()))), indent=2)
+    same = await secure.post("/lmsp/v1/tasks", content=reordered, headers=headers(token, "k1") | {
+        "content-type": "application/json"})
+    assert same.json()["id"] == created.json()["id"] and same.headers["idempotent-replayed"] == "true"
     changed = await secure.post("/lmsp/v1/tasks", json=body(model="tiny-unserved", text="two"),
                                 headers=headers(token, "k1"))
     assert_problem(changed, 422, "idempotency_key_reused")

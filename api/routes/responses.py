@@ -18,8 +18,8 @@ from litestar.types import Receive
 from redis.exceptions import RedisError
 
 from api import idempotency
+from api.idempotency import REPLAYED, IdempotencyKey
 from api.problems import problem_response
-from api.routes.tasks import REPLAYED, IdempotencyKey
 from api.services import Services
 from api.sse import relay
 from api.submit import submit

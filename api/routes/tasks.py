@@ -14,6 +14,7 @@ from litestar.params import HeaderParameter
 from litestar.response import ServerSentEvent, ServerSentEventMessage
 
 from api import idempotency
+from api.idempotency import REPLAYED, IdempotencyKey
 from api.services import Services
 from api.sse import relay
 from api.submit import submit
@@ -22,8 +23,6 @@ from lmsp_core.errors import Gone, InvalidRequest, NotFound
 from lmsp_core.tasks import TaskRecord
 
 CANCEL_WAIT = 3.0  # how long cancel waits for a running task to stop before answering
-REPLAYED = {"Idempotent-Replayed": "true"}
-IdempotencyKey = Annotated[str | None, HeaderParameter(name=idempotency.HEADER)]
 
 
 class TasksController(Controller):

@@ -1,12 +1,16 @@
 """The Litestar application."""
 
-from litestar import Litestar
+from litestar import Litestar, Router
+from litestar.config.cors import CORSConfig
 from litestar.datastructures import State
 from litestar.di import Provide
 from litestar.openapi import OpenAPIConfig
 
-from api.deps import provide_owner, provide_services
-from api.problems import HANDLERS
+from api.auth import authorize, check_exposure, check_routes
+from api.deps import provide_identity, provide_owner, provide_services
+from api.idempotency import HEADER as IDEMPOTENCY_HEADER
+from api.idempotency import REPLAYED_HEADER
+from api.problems import HANDLERS, problems_only
 from api.routes.health import healthz, readyz
 from api.routes.models import ModelsController
 from api.routes.responses import ResponsesController
@@ -15,31 +19,51 @@ from api.services import Services
 from api.version import VersionMiddleware, add_version_header
 from lmsp_core.settings import Settings, load_settings
 
-MAX_BODY_BYTES = 4 * 1024 * 1024
+
+def cors_config(settings: Settings) -> CORSConfig | None:
+    """CORS is off unless ``LMSP_CORS_ORIGINS`` names origins. Credentials (cookies) are never
+    allowed, with ``*`` or otherwise: clients authenticate with an Authorization header instead."""
+    origins = settings.cors_origin_list
+    if not origins:
+        return None
+    return CORSConfig(
+        allow_origins=origins, allow_methods=["GET", "POST"], allow_credentials=False,
+        allow_headers=["Authorization", "Content-Type", IDEMPOTENCY_HEADER, "LMSP-Version", "Last-Event-ID"],
+        expose_headers=["LMSP-Version", "Location", "Retry-After", "WWW-Authenticate", REPLAYED_HEADER],
+    )
 
 
 def create_app(settings: Settings | None = None) -> Litestar:
     settings = settings or load_settings()
+    check_exposure(settings)
 
     async def start(app: Litestar) -> None:
         app.state.services = Services.create(settings)
+        app.state.services.limits.start()
 
     async def stop(app: Litestar) -> None:
         await app.state.services.close()
 
-    return Litestar(
+    app = Litestar(
         route_handlers=[ResponsesController, TasksController, ModelsController, healthz, readyz],
         dependencies={
             "services": Provide(provide_services, sync_to_thread=False),
             "owner": Provide(provide_owner, sync_to_thread=False),
+            "identity": Provide(provide_identity, sync_to_thread=False),
         },
+        guards=[authorize],
         exception_handlers=HANDLERS,
+        after_request=problems_only,
         middleware=[VersionMiddleware()],
         before_send=[add_version_header],
         on_startup=[start],
         on_shutdown=[stop],
         state=State(),
-        request_max_body_size=MAX_BODY_BYTES,
-        openapi_config=OpenAPIConfig(title="LMSP service", version="1.0", path="/schema"),
+        request_max_body_size=settings.max_body_bytes,
+        cors_config=cors_config(settings),
+        openapi_config=OpenAPIConfig(title="LMSP service", version="1.0", path="/schema",
+                                     openapi_router=Router("/schema", route_handlers=[], opt={"public": True})),
         logging_config=None,
     )
+    check_routes(app)
+    return app

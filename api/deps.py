@@ -1,10 +1,12 @@
 """Dependencies injected into route handlers."""
 
+from typing import Any
+
+from litestar import Request
 from litestar.datastructures import State
 
 from api.services import Services
-
-ANONYMOUS = "local"
+from lmsp_core.tokens import Identity
 
 
 def provide_services(state: State) -> Services:
@@ -12,6 +14,12 @@ def provide_services(state: State) -> Services:
     return services
 
 
-def provide_owner() -> str:
-    """The principal that owns what a request creates."""
-    return ANONYMOUS
+def provide_identity(request: Request[Any, Any, Any]) -> Identity:
+    """Who the request acts for, set by the ``api.auth.authorize`` guard."""
+    identity: Identity = request.state.identity
+    return identity
+
+
+def provide_owner(request: Request[Any, Any, Any]) -> str:
+    """The principal that owns what a request creates, and the only one that may see it."""
+    return provide_identity(request).principal

@@ -3,6 +3,7 @@
 The handlers here are the only place where exceptions become HTTP responses: the service's own
 errors (``lmsp_core.errors``), Litestar's (validation, unknown route, wrong method, body too
 large), Redis being unreachable, and anything unexpected (a 500 with no traceback in the body).
+``problems_only`` catches the error responses that handlers return instead of raising.
 """
 
 import logging
@@ -31,7 +32,9 @@ _STATUS_CODES = {
     406: "not_acceptable",
     413: "request_too_large",
     415: "unsupported_media_type",
+    422: "unprocessable",
     429: "rate_limited",
+    499: "client_closed_request",
     500: "internal_error",
     503: "service_unavailable",
 }
@@ -78,6 +81,16 @@ def redis_error(_: Request[Any, Any, Any], exc: RedisError) -> Response[bytes]:
 def internal_error(_: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:
     logger.exception("unhandled error", exc_info=exc)
     return problem_response(problem(500, "internal_error", "Internal error", "The service failed unexpectedly."))
+
+
+async def problems_only(response: Response[Any]) -> Response[Any]:
+    """App-wide ``after_request`` hook: an error a handler answers itself rather than raises (such
+    as Litestar's HTML 404 page under /schema) becomes a problem document too."""
+    status = response.status_code
+    if status is None or status < 400 or response.media_type == MEDIA_TYPE:  # None: the handler's default
+        return response
+    body = problem(status, _STATUS_CODES.get(status, f"http_{status}"), _phrase(status), f"{_phrase(status)}.")
+    return problem_response(body, {k: v for k, v in response.headers.items() if k.lower() != "content-type"})
 
 
 HANDLERS: dict[type[Exception] | int, Any] = {

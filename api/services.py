@@ -12,6 +12,7 @@ from arq.connections import ArqRedis
 from redis.asyncio import ConnectionPool
 
 from api.hub import EventHub
+from api.limits import Limits
 from lmsp_core import registry
 from lmsp_core.catalog import Catalog
 from lmsp_core.chat import PromptRenderer
@@ -35,13 +36,14 @@ class Services:
     redis: ArqRedis
     store: TaskStore
     hub: EventHub
+    limits: Limits
     _renderers: dict[str, _CachedRenderer] = field(default_factory=dict)
 
     @classmethod
     def create(cls, settings: Settings) -> "Services":
         redis = ArqRedis(ConnectionPool.from_url(settings.redis_url, health_check_interval=30))
         return cls(settings=settings, catalog=Catalog.from_settings(settings), redis=redis,
-                   store=TaskStore(redis, settings), hub=EventHub(redis))
+                   store=TaskStore(redis, settings), hub=EventHub(redis), limits=Limits(redis, settings))
 
     async def renderer(self, model_id: str) -> PromptRenderer | None:
         """The prompt renderer of a model, from the card its workers publish (None before any
@@ -59,5 +61,6 @@ class Services:
         return renderer
 
     async def close(self) -> None:
+        await self.limits.close()
         await self.hub.close()
         await self.redis.aclose()

@@ -1,41 +1,97 @@
-"""Turning a validated request into a queued task: model checks, the task record, the job."""
+"""Turning a validated request into a queued task: limits, model checks, the task record, the job.
+
+With an ``Idempotency-Key`` a repeat returns the task of the first request instead (see
+``api.idempotency``). The record is written before the key is reserved, so whoever finds a
+reservation also finds its record; a request that loses the reservation race deletes its own record
+before anything was queued.
+"""
 
 import asyncio
 import contextlib
 import time
+from typing import NamedTuple
 
 from redis.exceptions import RedisError
 
+from api import idempotency
 from api.services import Services
 from lmsp_core import ids, queue, registry, wire
+from lmsp_core.catalog import ModelSpec
 from lmsp_core.errors import ServiceUnavailable
 from lmsp_core.tasks import Kind, TaskRecord
-from lmsp_core.validation import check_request, output_budget
+from lmsp_core.validation import check_limits, check_request, output_budget
+
+BUSY_RETRY_AFTER = 5
 
 
-async def submit(services: Services, request: wire.ResponseRequest, *, kind: Kind, owner: str) -> TaskRecord:
-    """Check the request against its model and queue it. Raises LmspError for bad requests."""
+class Submission(NamedTuple):
+    record: TaskRecord
+    repeated: bool  # an idempotent repeat: the task of an earlier request
+
+
+async def submit(services: Services, request: wire.ResponseRequest, *, kind: Kind, owner: str,
+                 idempotency_key: str | None = None) -> Submission:
+    """Check the request and queue it. Raises LmspError for bad requests and full queues."""
+    print_ = idempotency.fingerprint(kind, request) if idempotency_key else ""
+    if idempotency_key and (earlier := await idempotency.lookup(services.redis, owner, idempotency_key, print_)):
+        return Submission(await _earlier(services, earlier), True)
     spec = services.catalog.get(request.model)
-    check_request(request, spec)
-    if kind == "direct" and not (await registry.workers_per_model(services.redis))[spec.id]:
-        raise ServiceUnavailable(f"No worker is running model {spec.id!r} right now; retry later, or create "
-                                 "a task, which waits in the queue for a worker.", code="model_unavailable",
-                                 retry_after=5)
-    renderer = await services.renderer(spec.id)
-    if renderer is not None:  # else the worker checks the context length when it starts the task
-        prompt = await asyncio.to_thread(renderer.prompt_ids, request)
-        output_budget(request, spec, len(prompt))
+    await _admit(services, request, spec, kind)
     record = TaskRecord(
         id=ids.new_id(ids.TASK), model=spec.id, owner=owner, kind=kind, status="queued",
         created_at=time.time(), response_id=ids.new_id(ids.RESPONSE), request=wire.encoder.encode(request),
     )
     await services.store.create(record)
+    if idempotency_key:
+        try:
+            winner = await idempotency.reserve(services.redis, owner, idempotency_key, print_, record.id,
+                                               _key_ttl(services))
+        except BaseException:
+            await _forget(services, record)
+            raise
+        if winner is not None:
+            await _forget(services, record)  # never queued: nothing was generated for it
+            return Submission(await _earlier(services, winner), True)
     try:
         await queue.enqueue(services.redis, record.id, spec.id)
     except RedisError:
         await _forget(services, record)
+        if idempotency_key:
+            with contextlib.suppress(RedisError):
+                await idempotency.release(services.redis, owner, idempotency_key, record.id)
         raise
+    return Submission(record, False)
+
+
+async def _admit(services: Services, request: wire.ResponseRequest, spec: ModelSpec, kind: Kind) -> None:
+    check_limits(request, services.settings)
+    check_request(request, spec)
+    if kind == "direct" and not (await registry.workers_per_model(services.redis))[spec.id]:
+        raise ServiceUnavailable(f"No worker is running model {spec.id!r} right now; retry later, or create "
+                                 "a task, which waits in the queue for a worker.", code="model_unavailable",
+                                 retry_after=5)
+    limit = spec.max_queue_depth if spec.max_queue_depth is not None else services.settings.max_queue_depth
+    if limit and await queue.depth(services.redis, spec.id) >= limit:
+        raise ServiceUnavailable(f"The queue of model {spec.id!r} is full ({limit} tasks); retry later.",
+                                 code="server_busy", retry_after=BUSY_RETRY_AFTER)
+    renderer = await services.renderer(spec.id)
+    if renderer is not None:  # else the worker checks the context length when it starts the task
+        prompt = await asyncio.to_thread(renderer.prompt_ids, request)
+        output_budget(request, spec, len(prompt))
+
+
+async def _earlier(services: Services, task_id: str) -> TaskRecord:
+    record = await services.store.get(task_id)
+    if record is None:  # only while its first request fails to queue it (Redis failing): retry
+        raise ServiceUnavailable("The task of this Idempotency-Key is not available yet; retry shortly.",
+                                 retry_after=1)
     return record
+
+
+def _key_ttl(services: Services) -> float:
+    # a task record lives at least LMSP_TASK_RETENTION after it is created, so a reservation that
+    # lives no longer than that never outlives its task
+    return min(services.settings.idempotency_ttl, services.settings.task_retention)
 
 
 async def _forget(services: Services, record: TaskRecord) -> None:

@@ -1,9 +1,10 @@
-"""``lmsp``: run the service (``up``, ``api``, ``worker``)."""
+"""``lmsp``: run the service (``up``, ``api``, ``worker``) and manage its tokens (``token``)."""
 
 import argparse
 import sys
 from collections.abc import Sequence
 
+from lmsp import tokens
 from lmsp_core.settings import load_settings
 
 
@@ -26,6 +27,8 @@ def _parser() -> argparse.ArgumentParser:
     worker = commands.add_parser("worker", help="a generation worker alone")
     worker.add_argument("--model", action="append", dest="models", metavar="ID")
     worker.add_argument("--redis-url")
+
+    tokens.add_parser(commands)
     return parser
 
 
@@ -41,6 +44,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         from workers.main import run as run_worker
 
         run_worker(settings, args.models or [settings.default_model])
+    elif args.command == "token":
+        return tokens.run(args, settings)
     elif args.command == "up":
         from lmsp.up import up
 

@@ -3,6 +3,10 @@
 Starts a local ``redis-server`` (append-only file in the data directory, on a free port) unless a
 Redis URL is given, one worker process for the requested models, and the API in this process.
 Stopping the API (Ctrl-C) stops the rest.
+
+Authentication: on a loopback address (the default, 127.0.0.1) ``lmsp up`` runs with
+``LMSP_AUTH=none``; on any other address it keeps bearer tokens. An explicit ``LMSP_AUTH`` wins
+(and ``none`` off loopback is still refused by the API).
 """
 
 import logging
@@ -12,8 +16,10 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
+from api.auth import is_loopback
 from lmsp_core import logs
 from lmsp_core.settings import Settings
 
@@ -54,8 +60,18 @@ def start_redis(directory: Path) -> tuple[subprocess.Popen[bytes], str]:
     raise SystemExit("redis-server did not start")
 
 
+def auth_for_up(settings: Settings, environ: Mapping[str, str]) -> Settings:
+    if "LMSP_AUTH" in environ:
+        return settings
+    return settings.replace(auth="none" if is_loopback(settings.host) else "tokens")
+
+
 def up(settings: Settings, models: list[str]) -> int:
     logs.configure(settings.log_level, settings.log_json)
+    settings = auth_for_up(settings, os.environ)
+    if settings.auth == "tokens":
+        logger.info("the API on %s needs bearer tokens: create one with `lmsp token create --redis-url URL "
+                    "--principal NAME --scopes ...`", settings.host)
     children: list[subprocess.Popen[bytes]] = []
     try:
         if "LMSP_REDIS_URL" not in os.environ and settings.redis_url == Settings().redis_url:

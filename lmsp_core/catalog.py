@@ -29,6 +29,7 @@ class ModelSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     max_batch_size: Annotated[int, Meta(ge=1, le=1024)] = 32
     seed: int = 0  # weights of tiny-random
+    max_queue_depth: Annotated[int, Meta(ge=0)] | None = None  # overrides LMSP_MAX_QUEUE_DEPTH (0: no limit)
 
     def has(self, capability: Capability) -> bool:
         return capability in self.capabilities

@@ -7,10 +7,15 @@ events; only the API turns errors into HTTP responses.
     LmspError
     ├── InvalidRequest          400  invalid_request, unsupported_version, unsupported_content_type, ...
     │   ├── UnsupportedCapability   400  unsupported_capability
-    │   └── ContextLengthExceeded   400  context_length_exceeded
+    │   ├── ContextLengthExceeded   400  context_length_exceeded
+    │   └── LimitExceeded           400  too_many_input_items, too_many_tools, input_too_long
+    ├── Unauthorized            401  unauthorized, invalid_token (with WWW-Authenticate: Bearer)
+    ├── Forbidden               403  insufficient_scope
     ├── NotFound                404  not_found, model_not_found, task_not_found, response_not_found
     ├── Gone                    410  event_history_expired
-    ├── ServiceUnavailable      503  service_unavailable, model_unavailable
+    ├── Unprocessable           422  idempotency_key_reused
+    ├── TooManyRequests         429  rate_limited, too_many_streams (with Retry-After)
+    ├── ServiceUnavailable      503  service_unavailable, model_unavailable, server_busy
     └── GenerationFailed        500  generation_failed, worker_lost, generation_timeout
 """
 
@@ -73,6 +78,32 @@ class ContextLengthExceeded(InvalidRequest):
     title = "Context length exceeded"
 
 
+class LimitExceeded(InvalidRequest):
+    default_code = "limit_exceeded"
+    title = "Limit exceeded"
+
+
+class Unauthorized(LmspError):
+    status = 401
+    default_code = "unauthorized"
+    title = "Unauthorized"
+
+    def __init__(self, detail: str, *, code: str | None = None) -> None:
+        # RFC 6750 3: a missing token gets the bare challenge, a bad one says invalid_token
+        challenge = 'Bearer realm="lmsp"' + (f', error="{code}"' if code else "")
+        super().__init__(detail, code=code, headers={"WWW-Authenticate": challenge})
+
+
+class Forbidden(LmspError):
+    status = 403
+    default_code = "insufficient_scope"
+    title = "Insufficient scope"
+
+    def __init__(self, detail: str, *, scope: str) -> None:
+        super().__init__(detail, headers={
+            "WWW-Authenticate": f'Bearer realm="lmsp", error="insufficient_scope", scope="{scope}"'})
+
+
 class NotFound(LmspError):
     status = 404
     default_code = "not_found"
@@ -83,6 +114,21 @@ class Gone(LmspError):
     status = 410
     default_code = "event_history_expired"
     title = "Event history expired"
+
+
+class Unprocessable(LmspError):
+    status = 422
+    default_code = "unprocessable"
+    title = "Unprocessable request"
+
+
+class TooManyRequests(LmspError):
+    status = 429
+    default_code = "rate_limited"
+    title = "Too many requests"
+
+    def __init__(self, detail: str, *, retry_after: int, code: str | None = None) -> None:
+        super().__init__(detail, code=code, headers={"Retry-After": str(max(1, retry_after))})
 
 
 class ServiceUnavailable(LmspError):

@@ -55,3 +55,33 @@ def workers() -> str:
 def worker(worker_id: str) -> str:
     """Hash: what a worker runs (models, host, pid, started_at)."""
     return f"{PREFIX}:worker:{worker_id}"
+
+
+# --- security: tokens, idempotency, rate and stream limits ------------------------------------
+# Token keys share the hash tag ``{auth}`` so that creating or revoking a token (the token and
+# the index together) is one transaction on Redis Cluster too. Tokens are few; one slot is fine.
+
+
+def token(token_hash: str) -> str:
+    """String: JSON of a token's record (id, principal, scopes), keyed by the SHA-256 of the token."""
+    return f"{PREFIX}:{{auth}}:token:{token_hash}"
+
+
+def token_index() -> str:
+    """Hash: token id -> SHA-256 of the token (for listing and revoking by id)."""
+    return f"{PREFIX}:{{auth}}:tokens"
+
+
+def idempotency(principal: str, key_digest: str) -> str:
+    """String: ``{task_id, fingerprint}`` of a principal's Idempotency-Key (digest of the key)."""
+    return f"{PREFIX}:idem:{principal}:{key_digest}"
+
+
+def rate(principal: str) -> str:
+    """String: a principal's request count in the current fixed window (expires with the window)."""
+    return f"{PREFIX}:rate:{principal}"
+
+
+def streams(principal: str) -> str:
+    """Sorted set: a principal's open SSE streams (member per stream, score: its lease expiry, ms)."""
+    return f"{PREFIX}:streams:{principal}"

@@ -9,6 +9,7 @@ import msgspec
 from msgspec import Meta
 
 Seconds = Annotated[float, Meta(gt=0)]
+Count = Annotated[int, Meta(ge=0)]  # 0: no limit
 
 
 def _default_cache() -> str:
@@ -37,8 +38,30 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     job_timeout: Seconds = 3600.0
     # on SIGTERM a worker lets running tasks finish this long, then hands the rest back
     shutdown_grace: Annotated[float, Meta(ge=0)] = 5.0
+    # security (docs/protocol.md, "Security"): "none" is refused unless the API binds a loopback address
+    auth: Literal["tokens", "none"] = "tokens"
+    # comma-separated origins allowed by CORS ("*" for any); empty: CORS off
+    cors_origins: str = ""
+    idempotency_ttl: Seconds = 86400.0
+    # request limits
+    max_body_bytes: Annotated[int, Meta(ge=1024)] = 4 * 1024 * 1024
+    max_input_items: Annotated[int, Meta(ge=1)] = 1024
+    max_tools: Annotated[int, Meta(ge=0)] = 128
+    max_input_chars: Annotated[int, Meta(ge=1)] = 1_000_000
+    # per principal: requests per rate window (fixed window), open SSE streams
+    rate_limit: Count = 600
+    rate_window: Seconds = 60.0
+    max_streams: Count = 32
+    # an open stream's slot lapses this long after its API process stops renewing it (a crash)
+    stream_lease: Seconds = 30.0
+    # queued tasks per model before new work gets 503 server_busy (a model spec may override it)
+    max_queue_depth: Count = 1000
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     log_json: bool = False
+
+    @property
+    def cors_origin_list(self) -> list[str]:
+        return [origin.strip() for origin in self.cors_origins.split(",") if origin.strip()]
 
     def replace(self, **changes: Any) -> "Settings":
         return msgspec.structs.replace(self, **{k: v for k, v in changes.items() if v is not None})

@@ -8,7 +8,8 @@ import re
 
 from lmsp_core import grammars, wire
 from lmsp_core.catalog import ModelSpec
-from lmsp_core.errors import ContextLengthExceeded, InvalidRequest, UnsupportedCapability
+from lmsp_core.errors import ContextLengthExceeded, InvalidRequest, LimitExceeded, UnsupportedCapability
+from lmsp_core.settings import Settings
 
 _RESERVED_CONTENT = (wire.InputImage, wire.InputAudio, wire.InputFile)
 
@@ -25,6 +26,43 @@ def check_request(request: wire.ResponseRequest, spec: ModelSpec) -> None:
             f"{spec.max_output_tokens}.",
             code="max_output_tokens_too_large",
         )
+
+
+def check_limits(request: wire.ResponseRequest, limits: Settings) -> None:
+    """The API's admission limits (``LMSP_MAX_INPUT_ITEMS``, ``LMSP_MAX_TOOLS``, ``LMSP_MAX_INPUT_CHARS``)."""
+    items = limits.max_input_items
+    if len(request.input) > items:
+        raise LimitExceeded(f"input has {len(request.input)} items; at most {items} are allowed.",
+                            code="too_many_input_items")
+    for index, item in enumerate(request.input):
+        parts = len(item.content) if isinstance(item, wire.Message) else (
+            len(item.summary) if isinstance(item, wire.Reasoning) else 0)
+        if parts > items:
+            raise LimitExceeded(f"input[{index}] has {parts} parts; at most {items} are allowed.",
+                                code="too_many_input_items")
+    tools = len(request.tools or ())
+    if tools > limits.max_tools:
+        raise LimitExceeded(f"The request has {tools} tools; at most {limits.max_tools} are allowed.",
+                            code="too_many_tools")
+    chars = input_chars(request)
+    if chars > limits.max_input_chars:
+        raise LimitExceeded(f"The input has {chars} characters of text; at most {limits.max_input_chars} "
+                            "are allowed.", code="input_too_long")
+
+
+def input_chars(request: wire.ResponseRequest) -> int:
+    """Characters of text in the input: message parts, function calls and outputs, reasoning summaries."""
+    total = 0
+    for item in request.input:
+        if isinstance(item, wire.Message):
+            total += sum(len(part.text) for part in item.content if isinstance(part, wire.TEXT_PARTS))
+        elif isinstance(item, wire.FunctionCall):
+            total += len(item.arguments)
+        elif isinstance(item, wire.FunctionCallOutput):
+            total += len(item.output)
+        else:
+            total += sum(len(part.text) for part in item.summary)
+    return total
 
 
 def _check_content(request: wire.ResponseRequest) -> None:

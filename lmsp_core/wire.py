@@ -10,13 +10,10 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import Meta, Struct
 
-# --- limits shared by validation and documentation ----------------------------------------------
+# Size limits (input items, content parts, tools, text length) are settings, checked after decoding
+# by ``validation.check_limits`` so that each has its own problem code; the body size caps decoding.
 
-MAX_ITEMS = 1024
-MAX_TEXT = 1_000_000
-MAX_TOOLS = 128
-
-Text = Annotated[str, Meta(max_length=MAX_TEXT)]
+Text = str
 ToolName = Annotated[str, Meta(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
 ObjectId = Annotated[str, Meta(min_length=1, max_length=128)]
 
@@ -66,7 +63,7 @@ class SummaryText(_In, tag="summary_text", frozen=True):
 
 class Message(_In, tag="message", frozen=True):
     role: Literal["system", "user", "assistant"]
-    content: Annotated[list[ContentPart], Meta(max_length=MAX_ITEMS)]
+    content: list[ContentPart]
     id: ObjectId | None = None
 
 
@@ -84,7 +81,7 @@ class FunctionCallOutput(_In, tag="function_call_output", frozen=True):
 
 
 class Reasoning(_In, tag="reasoning", frozen=True):
-    summary: Annotated[list[SummaryText], Meta(max_length=MAX_ITEMS)]
+    summary: list[SummaryText]
     id: ObjectId | None = None
 
 
@@ -130,12 +127,12 @@ class ResponseRequest(Struct, forbid_unknown_fields=True, frozen=True, kw_only=T
     """Body of ``POST /lmsp/v1/responses`` and ``POST /lmsp/v1/tasks`` (6.1)."""
 
     model: Annotated[str, Meta(min_length=1, max_length=256)]
-    input: Annotated[list[InputItem], Meta(min_length=1, max_length=MAX_ITEMS)]
+    input: Annotated[list[InputItem], Meta(min_length=1)]
     stream: bool = False
     max_output_tokens: Annotated[int, Meta(ge=1)] | None = None
     temperature: Annotated[float, Meta(ge=0.0, le=2.0)] | None = None
     response_format: ResponseFormat | None = None
-    tools: Annotated[list[FunctionTool], Meta(max_length=MAX_TOOLS)] | None = None
+    tools: list[FunctionTool] | None = None
     tool_choice: ToolChoice | None = None
     store: bool = False
     previous_response_id: ObjectId | None = None

@@ -1,6 +1,8 @@
 """Shared fixtures: one redis-server, one tiny-random worker and one API for the session.
 
-Tests that break things (kill a worker, restart Redis) make their own processes instead.
+The shared API runs with ``LMSP_AUTH=none`` (loopback); ``secure_api`` is a second API process on
+the same Redis with bearer tokens, for the security tests. Tests that break things (kill a worker,
+restart Redis) make their own processes instead.
 """
 
 import json
@@ -14,7 +16,7 @@ import pytest
 import pytest_asyncio
 import redis.asyncio as aioredis
 
-from tests.support import Api, RedisServer, Worker
+from tests.support import SECURE_CORS_ORIGIN, Api, RedisServer, TokenFactory, Worker
 
 # models only the tests use; "tiny-unserved" never gets a worker
 TEST_MODELS: list[dict[str, Any]] = [
@@ -23,7 +25,11 @@ TEST_MODELS: list[dict[str, Any]] = [
     # its worker is configured with a 24-token context window (see test_failures.py)
     {"id": "tiny-mismatch", "source": "tiny-random", "context_window": 2048, "max_output_tokens": 1024,
      "capabilities": ["streaming"]},
+    # never gets a worker; its queue holds at most two tasks (see test_limits.py)
+    {"id": "tiny-queue", "source": "tiny-random", "context_window": 2048, "max_output_tokens": 1024,
+     "capabilities": ["streaming"], "max_queue_depth": 2},
 ]
+
 
 
 @pytest.fixture(scope="session")
@@ -58,6 +64,29 @@ def api(redis_server: RedisServer, models_file: str) -> Iterator[Api]:
     server.start()
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def secure_api(redis_server: RedisServer, models_file: str) -> Iterator[Api]:
+    """An API that authenticates bearer tokens, allows two open streams per principal and CORS for
+    one origin."""
+    server = Api(redis_server.url, models_file=models_file, sse_heartbeat=1, auth="tokens", max_streams=2,
+                 cors_origins=SECURE_CORS_ORIGIN)
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest_asyncio.fixture
+async def make_token(redis: aioredis.Redis) -> TokenFactory:
+    return TokenFactory(redis)
+
+
+@pytest_asyncio.fixture
+async def secure(secure_api: Api, tiny_worker: Worker) -> AsyncIterator[httpx.AsyncClient]:
+    """A client of ``secure_api`` (requests carry no token unless a test adds one)."""
+    async with httpx.AsyncClient(base_url=secure_api.url, timeout=60) as http:
+        yield http
 
 
 @pytest_asyncio.fixture

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,10 @@ import msgspec
 import redis.asyncio as aioredis
 from httpx_sse import aconnect_sse
 
+from lmsp_core import tokens
+
 ROOT = Path(__file__).resolve().parent.parent
+SECURE_CORS_ORIGIN = "https://app.example"  # the one origin the secure_api fixture allows
 
 
 def free_port() -> int:
@@ -124,7 +128,11 @@ def service_env(redis_url: str, **settings: Any) -> dict[str, str]:
 
 
 class Api(Service):
+    """An API process; without settings saying otherwise it runs open on loopback (``LMSP_AUTH=none``)
+    and without rate or stream limits, as the tests of everything but security expect."""
+
     def __init__(self, redis_url: str, **settings: Any) -> None:
+        settings = {"auth": "none", "rate_limit": 0, "max_streams": 0, **settings}
         self.port = free_port()
         super().__init__(["api", "--port", str(self.port)], service_env(redis_url, **settings), "api")
 
@@ -189,3 +197,29 @@ async def sse_events(client: httpx.AsyncClient, method: str, url: str, **kwargs:
 
 async def collect(client: httpx.AsyncClient, method: str, url: str, **kwargs: Any) -> list[SseEvent]:
     return [event async for event in sse_events(client, method, url, **kwargs)]
+
+
+class TokenFactory:
+    """Creates tokens, each for a fresh principal unless one is given."""
+
+    def __init__(self, redis: aioredis.Redis) -> None:
+        self.redis = redis
+
+    async def __call__(self, scopes: list[str] | None = None, principal: str | None = None) -> tuple[str, str]:
+        """A new token and its principal."""
+        principal = principal or f"p-{uuid.uuid4().hex[:12]}"
+        token, _ = await tokens.create(self.redis, principal, list(tokens.GRANTABLE) if scopes is None else scopes)
+        return token, principal
+
+
+def bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+async def tasks_of(redis: aioredis.Redis, principal: str) -> list[str]:
+    """Ids of the task records (tasks and direct responses) that belong to a principal."""
+    found = []
+    async for key in redis.scan_iter(match="lmsp:task:{*}", count=1000):
+        if await redis.type(key) == b"hash" and await redis.hget(key, "owner") == principal.encode():
+            found.append((await redis.hget(key, "id")).decode())
+    return found

@@ -3,7 +3,7 @@
 from litestar import Controller, get
 
 from api.services import Services
-from lmsp_core import registry, wire
+from lmsp_core import registry, tokens, wire
 from lmsp_core.catalog import ModelSpec
 
 
@@ -17,6 +17,7 @@ def model_object(spec: ModelSpec, workers: int) -> wire.ModelObject:
 class ModelsController(Controller):
     path = "/lmsp/v1/models"
     tags = ["models"]
+    opt = {"scope": tokens.MODELS_READ}
 
     @get(summary="List models")
     async def list_models(self, services: Services) -> wire.ModelList:

@@ -1,7 +1,9 @@
 """POST /lmsp/v1/responses: a direct response, synchronous (6.2) or streamed (6.3).
 
 A direct response is a task whose lifetime is the HTTP connection: if the client goes away before
-the final event, the task is cancelled and its worker stops generating (6.3 SHOULD).
+the final event, the task is cancelled and its worker stops generating (6.3 SHOULD). With an
+``Idempotency-Key`` the client has said it will repeat the request, so the task outlives the
+connection and a repeat waits for (or relays) the same task.
 """
 
 import asyncio
@@ -15,12 +17,14 @@ from litestar.response import ServerSentEvent, ServerSentEventMessage
 from litestar.types import Receive
 from redis.exceptions import RedisError
 
+from api import idempotency
+from api.idempotency import REPLAYED, IdempotencyKey
 from api.problems import problem_response
 from api.services import Services
 from api.sse import relay
 from api.submit import submit
-from lmsp_core import wire
-from lmsp_core.errors import GenerationFailed
+from lmsp_core import eventlog, tokens, wire
+from lmsp_core.errors import GenerationFailed, Gone
 from lmsp_core.tasks import TaskRecord
 
 
@@ -28,28 +32,49 @@ class ResponsesController(Controller):
     path = "/lmsp/v1/responses"
     tags = ["responses"]
 
-    @post(status_code=200, summary="Create a response",
+    @post(status_code=200, summary="Create a response", opt={"scope": tokens.RESPONSES_WRITE},
           description="Generates a response, returned when it is final (`stream: false`) or as server-sent "
-                      "events (`stream: true`).")
+                      "events (`stream: true`). A repeat with the same `Idempotency-Key` and body answers from "
+                      "the same generation.")
     async def create_response(self, request: Request[Any, Any, Any], data: wire.ResponseRequest,
-                              services: Services, owner: str) -> Response[Any]:
-        record = await submit(services, data, kind="direct", owner=owner)
-        if data.stream:
-            return ServerSentEvent(_direct_stream(services, record))
+                              services: Services, owner: str, idempotency_key: IdempotencyKey = None) -> Response[Any]:
+        key = idempotency.parse_key(idempotency_key)
+        # a stream's slot is taken first, so that a refused stream leaves no task behind
+        slot = await services.limits.open_stream(owner) if data.stream else None
+        try:
+            record, repeated = await submit(services, data, kind="direct", owner=owner, idempotency_key=key)
+            if slot is not None and repeated:
+                await _check_history(services, record)
+        except BaseException:
+            if slot is not None:
+                await slot.release()
+            raise
+        headers = REPLAYED if repeated else {}
+        if slot is not None:
+            return ServerSentEvent(slot.wrap(_direct_stream(services, record, cancel=key is None)), headers=headers)
         if not await _final_or_disconnect(services, record, request.receive):
-            await _cancel(services, record)
+            if key is None:
+                await _cancel(services, record)
             return Response(content=b"", status_code=499)
-        return await _final_answer(services, record)
+        return await _final_answer(services, record, headers)
 
 
-async def _direct_stream(services: Services, record: TaskRecord) -> AsyncIterator[ServerSentEventMessage]:
+async def _check_history(services: Services, record: TaskRecord) -> None:
+    """A streaming repeat replays the task's events from the start: they must still exist."""
+    if record.final and not await eventlog.history_exists(services.redis, record.id):
+        raise Gone("The events of this response have expired; repeat the request with stream: false to get "
+                   "the response.")
+
+
+async def _direct_stream(services: Services, record: TaskRecord, *,
+                         cancel: bool) -> AsyncIterator[ServerSentEventMessage]:
     ended = False
     try:
         async for message in relay(services, record, 0):
             yield message
         ended = True
     finally:
-        if not ended:  # the client went away
+        if cancel and not ended:  # the client went away
             await _cancel(services, record)
 
 
@@ -78,14 +103,14 @@ async def _disconnected(receive: Receive) -> None:
         pass
 
 
-async def _final_answer(services: Services, record: TaskRecord) -> Response[Any]:
+async def _final_answer(services: Services, record: TaskRecord, headers: dict[str, str]) -> Response[Any]:
     final = await services.store.get(record.id)
     if final is None or final.response is None:
         raise GenerationFailed("The response was lost before it could be returned.")
     if final.status == "failed":
         problem = final.problem() or GenerationFailed("Generation failed.").problem()
-        return problem_response(problem)
-    return Response(content=final.response, media_type="application/json")
+        return problem_response(problem, headers)
+    return Response(content=final.response, media_type="application/json", headers=headers)
 
 
 async def _cancel(services: Services, record: TaskRecord) -> None:

@@ -13,10 +13,12 @@ from litestar import Controller, Response, get, post
 from litestar.params import HeaderParameter
 from litestar.response import ServerSentEvent, ServerSentEventMessage
 
+from api import idempotency
+from api.idempotency import REPLAYED, IdempotencyKey
 from api.services import Services
 from api.sse import relay
 from api.submit import submit
-from lmsp_core import eventlog, ids, wire
+from lmsp_core import eventlog, ids, tokens, wire
 from lmsp_core.errors import Gone, InvalidRequest, NotFound
 from lmsp_core.tasks import TaskRecord
 
@@ -27,17 +29,22 @@ class TasksController(Controller):
     path = "/lmsp/v1/tasks"
     tags = ["tasks"]
 
-    @post(status_code=202, summary="Create a task",
-          description="Queues a generation and answers at once; follow it at `/lmsp/v1/tasks/{id}/events`.")
-    async def create_task(self, data: wire.ResponseRequest, services: Services, owner: str) -> Response[wire.Task]:
-        record = await submit(services, data, kind="task", owner=owner)
-        return Response(record.to_wire(), status_code=202, headers={"Location": f"{self.path}/{record.id}"})
+    @post(status_code=202, summary="Create a task", opt={"scope": tokens.TASKS_WRITE},
+          description="Queues a generation and answers at once; follow it at `/lmsp/v1/tasks/{id}/events`. "
+                      "A repeat with the same `Idempotency-Key` and body returns the same task.")
+    async def create_task(self, data: wire.ResponseRequest, services: Services, owner: str,
+                          idempotency_key: IdempotencyKey = None) -> Response[wire.Task]:
+        record, repeated = await submit(services, data, kind="task", owner=owner,
+                                        idempotency_key=idempotency.parse_key(idempotency_key))
+        headers = {"Location": f"{self.path}/{record.id}", **(REPLAYED if repeated else {})}
+        return Response(record.to_wire(), status_code=202, headers=headers)
 
-    @get("/{task_id:str}", summary="Get a task", description="The task, with its response once it is final.")
+    @get("/{task_id:str}", summary="Get a task", description="The task, with its response once it is final.",
+         opt={"scope": tokens.TASKS_READ})
     async def get_task(self, task_id: str, services: Services, owner: str) -> wire.Task:
         return (await load_task(services, task_id, owner)).to_wire()
 
-    @get("/{task_id:str}/events", summary="Follow a task's events",
+    @get("/{task_id:str}/events", summary="Follow a task's events", opt={"scope": tokens.TASKS_READ},
          description="Server-sent events after `?after=N` or `Last-Event-ID` (`after` wins), then live events "
                      "until the final one. `410 event_history_expired` once the events have expired.")
     async def task_events(
@@ -52,9 +59,11 @@ class TasksController(Controller):
             if not await eventlog.history_exists(services.redis, record.id):
                 raise Gone(f"The events of task {record.id} have expired; GET /lmsp/v1/tasks/{record.id} still "
                            "returns its result.")
-        return ServerSentEvent(relay(services, record, cursor, queue_notices=True))
+        events = relay(services, record, cursor, queue_notices=True)
+        slot = await services.limits.open_stream(owner)
+        return ServerSentEvent(slot.wrap(events))
 
-    @post("/{task_id:str}/cancel", status_code=200, summary="Cancel a task",
+    @post("/{task_id:str}/cancel", status_code=200, summary="Cancel a task", opt={"scope": tokens.TASKS_WRITE},
           description="A queued task never runs; a running one stops within a few tokens. Idempotent.")
     async def cancel_task(self, task_id: str, services: Services, owner: str) -> wire.Task:
         record = await load_task(services, task_id, owner)

@@ -1,0 +1,60 @@
+"""``lmsp token create | list | revoke``: manage the API's bearer tokens in Redis.
+
+``create`` prints the new token once, on standard output alone (so that scripts can capture it);
+Redis keeps only its SHA-256 hash. ``revoke`` takes effect on the next request of every API process.
+"""
+
+import argparse
+import asyncio
+import sys
+import time
+
+from redis.asyncio import Redis
+
+from lmsp_core import tokens
+from lmsp_core.errors import InvalidRequest
+from lmsp_core.settings import Settings
+
+
+def add_parser(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+    token = commands.add_parser("token", help="manage bearer tokens (stored hashed in Redis)")
+    actions = token.add_subparsers(dest="action", required=True)
+    create = actions.add_parser("create", help="create a token and print it once")
+    create.add_argument("--principal", required=True, help="the tenant that owns what the token creates")
+    create.add_argument("--scopes", required=True, help=f"comma-separated, of: {', '.join(tokens.GRANTABLE)}")
+    create.add_argument("--redis-url")
+    listing = actions.add_parser("list", help="list tokens (ids, principals, scopes; never the tokens)")
+    listing.add_argument("--redis-url")
+    revoke = actions.add_parser("revoke", help="revoke a token by id")
+    revoke.add_argument("token_id", metavar="ID")
+    revoke.add_argument("--redis-url")
+
+
+def run(args: argparse.Namespace, settings: Settings) -> int:
+    try:
+        return asyncio.run(_run(args, settings))
+    except InvalidRequest as exc:
+        print(f"lmsp token: {exc.detail}", file=sys.stderr)
+        return 2
+
+
+async def _run(args: argparse.Namespace, settings: Settings) -> int:
+    redis = Redis.from_url(settings.redis_url)
+    try:
+        if args.action == "create":
+            token, record = await tokens.create(redis, args.principal, args.scopes)
+            print(token)
+            print(f"created {record.id} for principal {record.principal} ({','.join(record.scopes)}); "
+                  "the token is shown only now", file=sys.stderr)
+        elif args.action == "list":
+            for record in await tokens.list_tokens(redis):
+                created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(record.created_at))
+                print(f"{record.id}\t{record.principal}\t{','.join(record.scopes)}\t{created}")
+        elif not await tokens.revoke(redis, args.token_id):
+            print(f"lmsp token: no token {args.token_id}", file=sys.stderr)
+            return 1
+        else:
+            print(f"revoked {args.token_id}", file=sys.stderr)
+        return 0
+    finally:
+        await redis.aclose()

@@ -3,12 +3,13 @@
 from litestar import Litestar
 from litestar.datastructures import State
 from litestar.di import Provide
-from litestar.openapi import OpenAPIConfig
 
+from api import openapi
 from api.deps import provide_owner, provide_services
 from api.problems import HANDLERS
-from api.routes.health import healthz, readyz
+from api.routes.health import healthz, prometheus_metrics, readyz, status
 from api.routes.models import ModelsController
+from api.routes.playground import playground
 from api.routes.responses import ResponsesController
 from api.routes.tasks import TasksController
 from api.services import Services
@@ -28,7 +29,8 @@ def create_app(settings: Settings | None = None) -> Litestar:
         await app.state.services.close()
 
     return Litestar(
-        route_handlers=[ResponsesController, TasksController, ModelsController, healthz, readyz],
+        route_handlers=[ResponsesController, TasksController, ModelsController, healthz, readyz, prometheus_metrics,
+                        status, playground],
         dependencies={
             "services": Provide(provide_services, sync_to_thread=False),
             "owner": Provide(provide_owner, sync_to_thread=False),
@@ -40,6 +42,6 @@ def create_app(settings: Settings | None = None) -> Litestar:
         on_shutdown=[stop],
         state=State(),
         request_max_body_size=MAX_BODY_BYTES,
-        openapi_config=OpenAPIConfig(title="LMSP service", version="1.0", path="/schema"),
+        openapi_config=openapi.config(),
         logging_config=None,
     )

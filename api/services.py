@@ -12,6 +12,7 @@ from arq.connections import ArqRedis
 from redis.asyncio import ConnectionPool
 
 from api.hub import EventHub
+from api.metrics import ApiMetrics
 from lmsp_core import registry
 from lmsp_core.catalog import Catalog
 from lmsp_core.chat import PromptRenderer
@@ -35,6 +36,7 @@ class Services:
     redis: ArqRedis
     store: TaskStore
     hub: EventHub
+    metrics: ApiMetrics = field(default_factory=ApiMetrics)
     _renderers: dict[str, _CachedRenderer] = field(default_factory=dict)
 
     @classmethod

@@ -7,7 +7,7 @@ import time
 from redis.exceptions import RedisError
 
 from api.services import Services
-from lmsp_core import ids, queue, registry, wire
+from lmsp_core import ids, metrics, queue, registry, wire
 from lmsp_core.errors import ServiceUnavailable
 from lmsp_core.tasks import Kind, TaskRecord
 from lmsp_core.validation import check_request, output_budget
@@ -35,10 +35,12 @@ async def submit(services: Services, request: wire.ResponseRequest, *, kind: Kin
     except RedisError:
         await _forget(services, record)
         raise
+    with contextlib.suppress(RedisError):  # the task is queued; a lost count is not worth an error
+        await metrics.add_now(services.redis, metrics.CREATED, (spec.id, kind))
     return record
 
 
 async def _forget(services: Services, record: TaskRecord) -> None:
     # if Redis is gone the orphan record stays; it is never run, and the client saw an error
     with contextlib.suppress(RedisError):
-        await services.store.delete(record.id)
+        await services.store.delete(record)

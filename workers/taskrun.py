@@ -15,7 +15,7 @@ from typing import Any
 import msgspec
 from redis.asyncio import Redis
 
-from lmsp_core import eventlog, keys, wire
+from lmsp_core import eventlog, keys, metrics, wire
 from lmsp_core.catalog import ModelSpec
 from lmsp_core.chat import PromptRenderer
 from lmsp_core.errors import GenerationFailed, LmspError
@@ -77,7 +77,7 @@ async def load_history(redis: Redis, task_id: str, last_event_id: int) -> Histor
 
 class TaskRun:
     def __init__(self, record: TaskRecord, runtime: ModelRuntime, writer: EventWriter, settings: Settings,
-                 lease: str) -> None:
+                 lease: str, recorder: metrics.Recorder | None = None) -> None:
         self.record = record
         self.request = msgspec.json.decode(record.request, type=wire.ResponseRequest)
         self.runtime = runtime
@@ -91,6 +91,8 @@ class TaskRun:
         self._text = TextStream(runtime.renderer.tokenizer)
         self._item_id = new_id(MESSAGE)
         self._input_tokens = 0
+        self._recorder = recorder or metrics.Recorder()
+        self._meter: metrics.TokenMeter | None = None
 
     # --- the writer's view (Writable) -----------------------------------------------------------
 
@@ -114,6 +116,8 @@ class TaskRun:
         self._durable.set()
 
     def on_final_durable(self) -> None:
+        if self.outcome in wire.FINAL_STATUSES:
+            self._recorder.count(metrics.FINISHED, (self.record.model, self.outcome))
         self._durable.set()
 
     # --- running ---------------------------------------------------------------------------------
@@ -164,6 +168,7 @@ class TaskRun:
             missed = self._text.replay(history.tokens)[len(history.text):]
             if missed:
                 self._delta(missed)
+        self._meter = self._recorder.meter(self.record.model, self.record.created_at, bool(history.tokens))
         params = SamplingParams(temperature=self.request.temperature or 0.0)
         self.sequence = Sequence(prompt, budget, RowSampler(params), self.runtime.renderer.card.stop_token_ids,
                                  sink=self, generated=history.tokens)
@@ -172,6 +177,8 @@ class TaskRun:
     # --- engine sink -----------------------------------------------------------------------------
 
     def on_token(self, seq: Sequence, token: int) -> None:
+        if self._meter is not None:
+            self._meter.token()
         self.writer.tokens(self, [token])
         delta = self._text.push(token)
         if delta:

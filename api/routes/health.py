@@ -1,24 +1,72 @@
-"""Liveness and readiness probes."""
+"""Probes, metrics and the service status: liveness, readiness, Prometheus, the playground's view."""
 
-from litestar import Response, get
+from litestar import MediaType, Response, get
+from litestar.openapi.spec import Example
+from prometheus_client import CONTENT_TYPE_LATEST
 from redis.exceptions import RedisError
 
+from api import openapi as doc
+from api.metrics import ModelState, ServiceState, WorkerState, service_state
 from api.services import Services
 from lmsp_core import registry
 
+_READY = Example(id="ready", summary="Ready", value={
+    "status": "ok", "redis": True, "workers": 1, "models": {doc.MODEL: 1, "tiny-random": 0}})
+_NOT_READY = Example(id="no_workers", summary="No live worker", value={
+    "status": "no_workers", "redis": True, "workers": 0, "models": {doc.MODEL: 0}})
+_STATUS = ServiceState(
+    models=[ModelState(id=doc.MODEL, status="available", workers=1, queued=2, running=4)],
+    workers=[WorkerState(id="gpu-host-4242-a1b2c3", host="gpu-host", device="cuda:0", models=[doc.MODEL],
+                         running=4, started_at=1794200000)],
+)
+_METRICS = """# HELP lmsp_queue_depth Tasks waiting in a model's queue.
+# TYPE lmsp_queue_depth gauge
+lmsp_queue_depth{model="smollm2:135m-instruct"} 2.0
+# HELP lmsp_generated_tokens_total Tokens generated (rate() of it is the service's tokens/s).
+# TYPE lmsp_generated_tokens_total counter
+lmsp_generated_tokens_total{model="smollm2:135m-instruct"} 18234.0
+"""
 
-@get("/healthz", summary="Liveness", tags=["health"])
+
+@get("/healthz", summary="Liveness", tags=["health"], description="`200` while the process serves HTTP.",
+     responses={200: doc.ok(dict[str, str], "Alive", Example(id="ok", summary="Alive", value={"status": "ok"}))})
 async def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@get("/readyz", summary="Readiness: Redis reachable and at least one live worker", tags=["health"])
+@get("/readyz", summary="Readiness: Redis reachable and at least one live worker", tags=["health"],
+     description="`200` when Redis answers and at least one worker heartbeats, else `503`. `models` counts the "
+                 "live workers of each model of the catalog.",
+     responses={200: doc.ok(dict[str, object], "Ready", _READY),
+                503: doc.ok(dict[str, object], "Not ready", _NOT_READY)})
 async def readyz(services: Services) -> Response[dict[str, object]]:
     try:
         await services.redis.ping()
+        counts = await registry.workers_per_model(services.redis)
         workers = await registry.live_workers(services.redis)
     except (RedisError, OSError):
-        return Response({"status": "unavailable", "redis": False, "workers": 0}, status_code=503)
+        return Response({"status": "unavailable", "redis": False, "workers": 0, "models": {}}, status_code=503)
     ready = bool(workers)
-    return Response({"status": "ok" if ready else "no_workers", "redis": True, "workers": len(workers)},
-                    status_code=200 if ready else 503)
+    models = {spec.id: counts[spec.id] for spec in services.catalog}
+    return Response({"status": "ok" if ready else "no_workers", "redis": True, "workers": len(workers),
+                     "models": models}, status_code=200 if ready else 503)
+
+
+@get("/metrics", summary="Prometheus metrics", tags=["health"], media_type=CONTENT_TYPE_LATEST,
+     description="Prometheus text format: queue depth, tasks by status, time in queue, time to first token and "
+                 "inter-token latency histograms, generated tokens (`rate()` gives tokens/s), workers alive "
+                 "(service-wide, from Redis), and the SSE streams open in this process.",
+     responses={200: doc.ok(str, "Metrics", Example(id="metrics", summary="Excerpt", value=_METRICS),
+                            media_type=CONTENT_TYPE_LATEST), **doc.problems("service_unavailable")})
+async def prometheus_metrics(services: Services) -> Response[bytes]:
+    body = await services.metrics.render(services.redis, services.catalog)
+    return Response(body, media_type=CONTENT_TYPE_LATEST)
+
+
+@get("/status", summary="Queues and workers", tags=["health"], media_type=MediaType.JSON,
+     description="Each model's live workers, waiting and running tasks, and the live workers (the playground "
+                 "shows this).",
+     responses={200: doc.ok(ServiceState, "The service's state", doc.example("Status", _STATUS, "status")),
+                **doc.problems("service_unavailable")})
+async def status(services: Services) -> ServiceState:
+    return await service_state(services.redis, services.catalog)

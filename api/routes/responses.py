@@ -7,14 +7,17 @@ the final event, the task is cancelled and its worker stops generating (6.3 SHOU
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Annotated, Any
 
 import anyio
 from litestar import Controller, Request, Response, post
+from litestar.openapi.datastructures import ResponseSpec
+from litestar.params import Body
 from litestar.response import ServerSentEvent, ServerSentEventMessage
 from litestar.types import Receive
 from redis.exceptions import RedisError
 
+from api import openapi as doc
 from api.problems import problem_response
 from api.services import Services
 from api.sse import relay
@@ -29,9 +32,20 @@ class ResponsesController(Controller):
     tags = ["responses"]
 
     @post(status_code=200, summary="Create a response",
-          description="Generates a response, returned when it is final (`stream: false`) or as server-sent "
-                      "events (`stream: true`).")
-    async def create_response(self, request: Request[Any, Any, Any], data: wire.ResponseRequest,
+          description="Generates a response, returned when it is final (`stream: false`, 6.2) or as server-sent "
+                      "events (`stream: true`, 6.3). A direct response belongs to its connection: if the client "
+                      "goes away, generation stops. For resumable output create a task instead.",
+          responses={
+              200: ResponseSpec(data_container=wire.Response, generate_examples=False,
+                                description="The final response (6.2). With `stream: true`: `text/event-stream` "
+                                            "(6.3), the events shown for `GET /lmsp/v1/tasks/{task_id}/events` "
+                                            "without `task.queued`.",
+                                examples=[doc.example("Completed", doc.RESPONSE, "completed")]),
+              **doc.problems("invalid_request", "context_length_exceeded", "model_not_found", "generation_failed",
+                             "service_unavailable", "model_unavailable"),
+          })
+    async def create_response(self, request: Request[Any, Any, Any],
+                              data: Annotated[wire.ResponseRequest, Body(examples=doc.REQUEST_EXAMPLES)],
                               services: Services, owner: str) -> Response[Any]:
         record = await submit(services, data, kind="direct", owner=owner)
         if data.stream:

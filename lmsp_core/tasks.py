@@ -12,7 +12,7 @@ from typing import Any, Literal
 import msgspec
 from redis.asyncio import Redis
 
-from lmsp_core import ids, keys, metrics, scripts, wire
+from lmsp_core import ids, keys, metrics, queue, scripts, wire
 from lmsp_core.settings import Settings
 
 Kind = Literal["task", "direct"]
@@ -197,6 +197,7 @@ class TaskStore:
             keys=_task_keys(record.id), args=[data, response, self.event_ttl_ms, self.task_ttl_ms]
         )).decode()
         if status == "dequeued":  # only the call that cancelled it counts it
+            await queue.withdraw(self.redis, record.id, record.model)
             await metrics.add_now(self.redis, metrics.FINISHED, (record.model, "cancelled"))
             return "cancelled"
         return str(status)

@@ -25,7 +25,8 @@ def test_run_streams_text_to_stdout_and_stats_to_stderr(api: Api, tiny_worker: W
     direct = lmsp(api, "run", "-m", "tiny-random", "--max-output-tokens", "12", "Say", "hello")
     assert direct.returncode == 0, direct.stderr
     assert direct.stdout.strip() and "tok/s" not in direct.stdout
-    assert re.search(r"\[12 tokens in [\d.]+ s, [\d.]+ tok/s, first token after [\d.]+ s, prompt \d+ tokens", direct.stderr)
+    stats = r"\[12 tokens in [\d.]+ s, [\d.]+ tok/s, first token after [\d.]+ s, prompt \d+ tokens"
+    assert re.search(stats, direct.stderr)
 
     as_task = lmsp(api, "run", "--task", "-m", "tiny-random", "--max-output-tokens", "12", "-", stdin="Say hello")
     assert as_task.returncode == 0, as_task.stderr

@@ -1,8 +1,6 @@
 """Probes, metrics and the service status: liveness, readiness, Prometheus, the playground's view."""
 
 from litestar import MediaType, Response, get
-from litestar.openapi.spec import Example
-from prometheus_client import CONTENT_TYPE_LATEST
 from redis.exceptions import RedisError
 
 from api import openapi as doc
@@ -10,9 +8,11 @@ from api.metrics import ModelState, ServiceState, WorkerState, service_state
 from api.services import Services
 from lmsp_core import registry
 
-_READY = Example(id="ready", summary="Ready", value={
+# the Prometheus text format 0.0.4 (Litestar adds the charset)
+METRICS_MEDIA_TYPE = "text/plain; version=0.0.4"
+_READY = doc.LiteralExample(summary="Ready", value={
     "status": "ok", "redis": True, "workers": 1, "models": {doc.MODEL: 1, "tiny-random": 0}})
-_NOT_READY = Example(id="no_workers", summary="No live worker", value={
+_NOT_READY = doc.LiteralExample(summary="No live worker", value={
     "status": "no_workers", "redis": True, "workers": 0, "models": {doc.MODEL: 0}})
 _STATUS = ServiceState(
     models=[ModelState(id=doc.MODEL, status="available", workers=1, queued=2, running=4)],
@@ -29,7 +29,7 @@ lmsp_generated_tokens_total{model="smollm2:135m-instruct"} 18234.0
 
 
 @get("/healthz", summary="Liveness", tags=["health"], description="`200` while the process serves HTTP.",
-     responses={200: doc.ok(dict[str, str], "Alive", Example(id="ok", summary="Alive", value={"status": "ok"}))})
+     responses={200: doc.ok(dict[str, str], "Alive", doc.LiteralExample(summary="Alive", value={"status": "ok"}))})
 async def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
@@ -52,21 +52,21 @@ async def readyz(services: Services) -> Response[dict[str, object]]:
                      "models": models}, status_code=200 if ready else 503)
 
 
-@get("/metrics", summary="Prometheus metrics", tags=["health"], media_type=CONTENT_TYPE_LATEST,
+@get("/metrics", summary="Prometheus metrics", tags=["health"], media_type=METRICS_MEDIA_TYPE,
      description="Prometheus text format: queue depth, tasks by status, time in queue, time to first token and "
                  "inter-token latency histograms, generated tokens (`rate()` gives tokens/s), workers alive "
                  "(service-wide, from Redis), and the SSE streams open in this process.",
-     responses={200: doc.ok(str, "Metrics", Example(id="metrics", summary="Excerpt", value=_METRICS),
-                            media_type=CONTENT_TYPE_LATEST), **doc.problems("service_unavailable")})
+     responses={200: doc.ok(str, "Metrics", doc.LiteralExample(summary="Excerpt", value=_METRICS),
+                            media_type=METRICS_MEDIA_TYPE), **doc.problems("service_unavailable")})
 async def prometheus_metrics(services: Services) -> Response[bytes]:
     body = await services.metrics.render(services.redis, services.catalog)
-    return Response(body, media_type=CONTENT_TYPE_LATEST)
+    return Response(body, media_type=METRICS_MEDIA_TYPE)
 
 
 @get("/status", summary="Queues and workers", tags=["health"], media_type=MediaType.JSON,
      description="Each model's live workers, waiting and running tasks, and the live workers (the playground "
                  "shows this).",
-     responses={200: doc.ok(ServiceState, "The service's state", doc.example("Status", _STATUS, "status")),
+     responses={200: doc.ok(ServiceState, "The service's state", doc.example("Status", _STATUS)),
                 **doc.problems("service_unavailable")})
 async def status(services: Services) -> ServiceState:
     return await service_state(services.redis, services.catalog)

@@ -23,14 +23,14 @@ class ModelsController(Controller):
          description="Every model of the catalog with its context window, output cap, capabilities, and whether "
                      "live workers serve it (`status`, `workers`).",
          responses={200: doc.ok(wire.ModelList, "The models", doc.example("Models", wire.ModelList(
-             data=[doc.MODEL_OBJECT]), "models")), **doc.problems("service_unavailable")})
+             data=[doc.MODEL_OBJECT]))), **doc.problems("service_unavailable")})
     async def list_models(self, services: Services) -> wire.ModelList:
         counts = await registry.workers_per_model(services.redis)
         return wire.ModelList(data=[model_object(spec, counts[spec.id]) for spec in services.catalog])
 
     @get("/{model_id:str}", summary="Get a model", description="One model of the catalog.",
-         responses={200: doc.ok(wire.ModelObject, "The model", doc.example("A model", doc.MODEL_OBJECT, "model")),
-                    **doc.problems("model_not_found", "service_unavailable")})
+         responses={200: doc.ok(wire.ModelObject, "The model", doc.example("A model", doc.MODEL_OBJECT)),
+                    **doc.problems("invalid_request", "model_not_found", "service_unavailable")})
     async def get_model(self, services: Services, model_id: str) -> wire.ModelObject:
         spec = services.catalog.get(model_id)
         counts = await registry.workers_per_model(services.redis)

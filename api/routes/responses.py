@@ -40,7 +40,7 @@ class ResponsesController(Controller):
                                 description="The final response (6.2). With `stream: true`: `text/event-stream` "
                                             "(6.3), the events shown for `GET /lmsp/v1/tasks/{task_id}/events` "
                                             "without `task.queued`.",
-                                examples=[doc.example("Completed", doc.RESPONSE, "completed")]),
+                                examples=[doc.example("Completed", doc.RESPONSE)]),
               **doc.problems("invalid_request", "context_length_exceeded", "model_not_found", "generation_failed",
                              "service_unavailable", "model_unavailable"),
           })

@@ -26,11 +26,11 @@ from lmsp_core.tasks import ListCursor, TaskRecord
 CANCEL_WAIT = 3.0  # how long cancel waits for a running task to stop before answering
 MAX_PAGE = 100
 
-_QUEUED = doc.ok(wire.Task, "The queued task", doc.example("Queued", doc.QUEUED_TASK, "queued"))
-_FINAL = doc.ok(wire.Task, "The task", doc.example("Queued", doc.QUEUED_TASK, "queued"),
-                doc.example("Completed, with its response", doc.FINAL_TASK, "completed"))
+_QUEUED = doc.ok(wire.Task, "The queued task", doc.example("Queued", doc.QUEUED_TASK))
+_FINAL = doc.ok(wire.Task, "The task", doc.example("Queued", doc.QUEUED_TASK),
+                doc.example("Completed, with its response", doc.FINAL_TASK))
 _PAGE = doc.ok(wire.TaskList, "A page of tasks, newest first", doc.example("A page", wire.TaskList(
-    data=[doc.FINAL_TASK], has_more=True, next_cursor=f"1794200000000.{doc.TASK_ID}"), "page"))
+    data=[doc.FINAL_TASK], has_more=True, next_cursor=f"1794200000000.{doc.TASK_ID}")))
 
 
 class TasksController(Controller):
@@ -72,7 +72,7 @@ class TasksController(Controller):
         return wire.TaskList(data=[record.to_wire() for record in records], has_more=more, next_cursor=next_cursor)
 
     @get("/{task_id:str}", summary="Get a task", description="The task, with its response once it is final.",
-         responses={200: _FINAL, **doc.problems("task_not_found", "service_unavailable")})
+         responses={200: _FINAL, **doc.problems("invalid_request", "task_not_found", "service_unavailable")})
     async def get_task(self, task_id: str, services: Services, owner: str) -> wire.Task:
         return (await load_task(services, task_id, owner)).to_wire()
 
@@ -82,7 +82,7 @@ class TasksController(Controller):
                      "its queue position. `410 event_history_expired` once the events have expired: the result "
                      "is still at `GET /lmsp/v1/tasks/{id}`.",
          responses={200: doc.event_stream("The task's events, then the end of the stream", doc.TASK_EVENT_STREAM),
-                    **doc.problems("invalid_cursor", "task_not_found", "event_history_expired",
+                    **doc.problems("invalid_request", "invalid_cursor", "task_not_found", "event_history_expired",
                                    "service_unavailable")})
     async def task_events(
         self, task_id: str, services: Services, owner: str, after: str | None = None,
@@ -101,7 +101,7 @@ class TasksController(Controller):
     @post("/{task_id:str}/cancel", status_code=200, summary="Cancel a task",
           description="A queued task never runs; a running one stops within a few tokens (the call waits up to "
                       "3 s for that) and keeps its partial output. Idempotent; a final task is left as it is.",
-          responses={200: _FINAL, **doc.problems("task_not_found", "service_unavailable")})
+          responses={200: _FINAL, **doc.problems("invalid_request", "task_not_found", "service_unavailable")})
     async def cancel_task(self, task_id: str, services: Services, owner: str) -> wire.Task:
         record = await load_task(services, task_id, owner)
         if await services.store.cancel(record) == "in_progress":

@@ -7,9 +7,9 @@ smaller than the API's, so the API accepts the request and the worker refuses it
 
 import json
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 import httpx
+import pytest
 import pytest_asyncio
 
 from lmsp_core import wire
@@ -19,8 +19,9 @@ from tests.test_tasks import logged
 
 
 @pytest_asyncio.fixture(scope="module")
-async def mismatch_worker(redis_server: RedisServer, tmp_path_factory: object) -> AsyncIterator[Worker]:
-    path = Path(getattr(tmp_path_factory, "mktemp")("mismatch")) / "models.json"
+async def mismatch_worker(redis_server: RedisServer,
+                          tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Worker]:
+    path = tmp_path_factory.mktemp("mismatch") / "models.json"
     path.write_text(json.dumps([{"id": "tiny-mismatch", "source": "tiny-random", "context_window": 24,
                                  "max_output_tokens": 16, "capabilities": ["streaming"]}]))
     worker = Worker(redis_server.url, ["tiny-mismatch"], models_file=str(path))

@@ -1,18 +1,19 @@
 """The Litestar application."""
 
-from litestar import Litestar, Router
+from litestar import Litestar
 from litestar.config.cors import CORSConfig
 from litestar.datastructures import State
 from litestar.di import Provide
-from litestar.openapi import OpenAPIConfig
 
+from api import openapi
 from api.auth import authorize, check_exposure, check_routes
 from api.deps import provide_identity, provide_owner, provide_services
 from api.idempotency import HEADER as IDEMPOTENCY_HEADER
 from api.idempotency import REPLAYED_HEADER
 from api.problems import HANDLERS, problems_only
-from api.routes.health import healthz, readyz
+from api.routes.health import healthz, prometheus_metrics, readyz, status
 from api.routes.models import ModelsController
+from api.routes.playground import playground
 from api.routes.responses import ResponsesController
 from api.routes.tasks import TasksController
 from api.services import Services
@@ -45,7 +46,8 @@ def create_app(settings: Settings | None = None) -> Litestar:
         await app.state.services.close()
 
     app = Litestar(
-        route_handlers=[ResponsesController, TasksController, ModelsController, healthz, readyz],
+        route_handlers=[ResponsesController, TasksController, ModelsController, healthz, readyz, prometheus_metrics,
+                        status, playground],
         dependencies={
             "services": Provide(provide_services, sync_to_thread=False),
             "owner": Provide(provide_owner, sync_to_thread=False),
@@ -61,8 +63,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
         state=State(),
         request_max_body_size=settings.max_body_bytes,
         cors_config=cors_config(settings),
-        openapi_config=OpenAPIConfig(title="LMSP service", version="1.0", path="/schema",
-                                     openapi_router=Router("/schema", route_handlers=[], opt={"public": True})),
+        openapi_config=openapi.config(),
         logging_config=None,
     )
     check_routes(app)

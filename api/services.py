@@ -13,6 +13,7 @@ from redis.asyncio import ConnectionPool
 
 from api.hub import EventHub
 from api.limits import Limits
+from api.metrics import ApiMetrics
 from lmsp_core import registry
 from lmsp_core.catalog import Catalog
 from lmsp_core.chat import PromptRenderer
@@ -37,6 +38,7 @@ class Services:
     store: TaskStore
     hub: EventHub
     limits: Limits
+    metrics: ApiMetrics = field(default_factory=ApiMetrics)
     _renderers: dict[str, _CachedRenderer] = field(default_factory=dict)
 
     @classmethod

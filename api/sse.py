@@ -35,6 +35,17 @@ async def queued_notice(services: Services, record: TaskRecord) -> ServerSentEve
 async def relay(services: Services, record: TaskRecord, after: int, *,
                 queue_notices: bool = False) -> AsyncIterator[ServerSentEventMessage]:
     """The task's events after ``after`` up to the final one, then the end of the stream."""
+    gauge = services.metrics.open_streams.labels(record.kind)
+    gauge.inc()
+    try:
+        async for message in _relay(services, record, after, queue_notices):
+            yield message
+    finally:
+        gauge.dec()
+
+
+async def _relay(services: Services, record: TaskRecord, after: int,
+                 queue_notices: bool) -> AsyncIterator[ServerSentEventMessage]:
     waiting = queue_notices and record.status == "queued"
     try:
         if waiting and (notice := await queued_notice(services, record)):

@@ -15,7 +15,7 @@ from redis.exceptions import RedisError
 
 from api import idempotency
 from api.services import Services
-from lmsp_core import ids, queue, registry, wire
+from lmsp_core import ids, metrics, queue, registry, wire
 from lmsp_core.catalog import ModelSpec
 from lmsp_core.errors import ServiceUnavailable
 from lmsp_core.tasks import Kind, TaskRecord
@@ -60,6 +60,8 @@ async def submit(services: Services, request: wire.ResponseRequest, *, kind: Kin
             with contextlib.suppress(RedisError):
                 await idempotency.release(services.redis, owner, idempotency_key, record.id)
         raise
+    with contextlib.suppress(RedisError):  # the task is queued; a lost count is not worth an error
+        await metrics.add_now(services.redis, metrics.CREATED, (spec.id, kind))
     return Submission(record, False)
 
 
@@ -97,4 +99,4 @@ def _key_ttl(services: Services) -> float:
 async def _forget(services: Services, record: TaskRecord) -> None:
     # if Redis is gone the orphan record stays; it is never run, and the client saw an error
     with contextlib.suppress(RedisError):
-        await services.store.delete(record.id)
+        await services.store.delete(record)

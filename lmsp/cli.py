@@ -1,11 +1,15 @@
-"""``lmsp``: run the service (``up``, ``api``, ``worker``) and manage its tokens (``token``)."""
+"""``lmsp``: run the service (``up``, ``api``, ``worker``), manage its tokens (``token``) and use it
+(``run``, ``chat``, ``tasks``, ``models``; their logic is in ``lmsp/commands/``)."""
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
 from lmsp import tokens
-from lmsp_core.settings import load_settings
+from lmsp_core.settings import Settings, load_settings
+
+CLIENT_COMMANDS = ("run", "chat", "tasks", "models")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -29,11 +33,64 @@ def _parser() -> argparse.ArgumentParser:
     worker.add_argument("--redis-url")
 
     tokens.add_parser(commands)
+    _client_parsers(commands)
     return parser
+
+
+def _client_parsers(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+    service = argparse.ArgumentParser(add_help=False)
+    service.add_argument("--url", help="the service (default: $LMSP_URL or http://127.0.0.1:8000)")
+    service.add_argument("--token", help="bearer token (default: $LMSP_TOKEN)")
+    generation = argparse.ArgumentParser(add_help=False)
+    generation.add_argument("--model", "-m", help="default: $LMSP_DEFAULT_MODEL or " + Settings().default_model)
+    generation.add_argument("--max-output-tokens", type=int)
+    generation.add_argument("--temperature", type=float)
+
+    run = commands.add_parser("run", parents=[service, generation], help="stream an answer to a prompt")
+    run.add_argument("prompt", nargs="*", help="the prompt (default or '-': standard input)")
+    run.add_argument("--task", action="store_true", help="run it as a resumable task")
+
+    chat = commands.add_parser("chat", parents=[service, generation], help="an interactive conversation")
+    chat.add_argument("--system", help="a system message")
+
+    tasks = commands.add_parser("tasks", help="your tasks").add_subparsers(dest="action", required=True)
+    listing = tasks.add_parser("list", parents=[service], help="newest first")
+    listing.add_argument("--limit", type=int, default=20)
+    listing.add_argument("--all", action="store_true", help="every page")
+    for action, text in (("show", "a task as JSON"), ("cancel", "cancel a task"), ("follow", "stream its text")):
+        sub = tasks.add_parser(action, parents=[service], help=text)
+        sub.add_argument("task_id")
+        if action == "follow":
+            sub.add_argument("--after", type=int, default=0, help="resume after this event id")
+
+    commands.add_parser("models", parents=[service], help="models and their workers")
+
+
+def _client_main(args: argparse.Namespace) -> int:
+    from lmsp.client import Client
+    from lmsp.commands import chat, models, run, tasks
+
+    with Client(args.url, token=args.token) as client:
+        if args.command == "models":
+            return models.models(client)
+        if args.command == "tasks":
+            if args.action == "list":
+                return tasks.list_tasks(client, args.limit, args.all)
+            handler = {"show": tasks.show, "cancel": tasks.cancel}.get(args.action)
+            if handler is not None:
+                return handler(client, args.task_id)
+            return tasks.follow(client, args.task_id, args.after)
+        model = args.model or os.environ.get("LMSP_DEFAULT_MODEL") or Settings().default_model
+        options = {"max_output_tokens": args.max_output_tokens, "temperature": args.temperature}
+        if args.command == "chat":
+            return chat.chat(client, model, args.system, **options)
+        return run.run(client, model, run.prompt_text(args.prompt), task=args.task, **options)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command in CLIENT_COMMANDS:
+        return _client_main(args)
     overrides = {name: getattr(args, name, None) for name in ("host", "port", "redis_url")}
     settings = load_settings(**overrides)
     if args.command == "api":

@@ -22,9 +22,11 @@ def tokens(task_id: str) -> str:
     return f"{PREFIX}:task:{{{task_id}}}:tokens"
 
 
-def task_index() -> str:
-    """Sorted set: task ids by creation time (for listing), trimmed by age."""
-    return f"{PREFIX}:tasks"
+def owner_tasks(owner: str) -> str:
+    """Sorted set: an owner's task ids scored by creation time (ms), for ``GET /lmsp/v1/tasks``.
+    Capped in length, expired with the task retention, and entries whose record expired are
+    dropped when a listing meets them."""
+    return f"{PREFIX}:owner:{owner}:tasks"
 
 
 def queue(model_id: str) -> str:
@@ -50,6 +52,12 @@ def model_card_digest(model_id: str) -> str:
 def workers() -> str:
     """Sorted set: worker id -> expiry time (ms) of its last heartbeat."""
     return f"{PREFIX}:workers"
+
+
+def metrics() -> str:
+    """Hash: service-wide counters and histogram buckets that workers and API processes add to
+    (see ``lmsp_core.metrics``); the API exports them at ``/metrics``."""
+    return f"{PREFIX}:metrics"
 
 
 def worker(worker_id: str) -> str:

@@ -7,6 +7,8 @@ of after their poll delay.
 """
 
 from arq.connections import ArqRedis
+from arq.constants import job_key_prefix
+from redis.asyncio import Redis
 
 from lmsp_core import keys
 
@@ -26,3 +28,12 @@ async def queue_position(pool: ArqRedis, task_id: str, model_id: str) -> int | N
 
 async def depth(pool: ArqRedis, model_id: str) -> int:
     return int(await pool.zcard(keys.queue(model_id)))
+
+
+async def withdraw(redis: Redis, task_id: str, model_id: str) -> None:
+    """Take a cancelled task's job out of its queue, so that it neither counts in the queue depth
+    nor waits for a worker to pop it (a model without workers would keep it forever)."""
+    async with redis.pipeline(transaction=False) as pipe:
+        pipe.zrem(keys.queue(model_id), task_id)
+        pipe.delete(job_key_prefix + task_id)
+        await pipe.execute()

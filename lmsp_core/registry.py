@@ -10,6 +10,7 @@ from collections import Counter
 
 import msgspec
 from redis.asyncio import Redis
+from redis.asyncio.client import Pipeline
 
 from lmsp_core import keys
 from lmsp_core.chat import ModelCard, card_digest
@@ -22,6 +23,7 @@ class WorkerInfo(msgspec.Struct, frozen=True, kw_only=True):
     pid: int
     started_at: float
     device: str
+    running: dict[str, int] = {}  # tasks running now, per model (as of the last heartbeat)
 
 
 async def publish_card(redis: Redis, card: ModelCard) -> None:
@@ -42,11 +44,15 @@ async def load_card(redis: Redis, model_id: str) -> ModelCard | None:
 
 
 async def heartbeat(redis: Redis, info: WorkerInfo, ttl: float) -> None:
-    expires_ms = int((time.time() + ttl) * 1000)
     async with redis.pipeline(transaction=False) as pipe:
-        pipe.zadd(keys.workers(), {info.id: expires_ms})
-        pipe.set(keys.worker(info.id), msgspec.json.encode(info), px=int(ttl * 1000))
+        add_heartbeat(pipe, info, ttl)
         await pipe.execute()
+
+
+def add_heartbeat(pipe: Pipeline, info: WorkerInfo, ttl: float) -> None:
+    expires_ms = int((time.time() + ttl) * 1000)
+    pipe.zadd(keys.workers(), {info.id: expires_ms})
+    pipe.set(keys.worker(info.id), msgspec.json.encode(info), px=int(ttl * 1000))
 
 
 async def deregister(redis: Redis, worker_id: str) -> None:

@@ -84,9 +84,9 @@ return {status}
 
 # KEYS: task, events, tokens
 # ARGV: cancelled_data_json, cancelled_response_json, event_ttl_ms, task_ttl_ms
-# Returns the status after the call: 'cancelled' for a queued task (its stream gets
-# response.cancelled at once), 'in_progress' for a running one (its worker stops it), the final
-# status for a finished one, or 'missing'.
+# Returns 'dequeued' for a queued task (now cancelled: its stream gets response.cancelled at once),
+# 'in_progress' for a running one (its worker stops it), the final status for a finished one, or
+# 'missing'.
 CANCEL = (
     _NOW_MS
     + _FINALIZE
@@ -97,7 +97,7 @@ if status == 'queued' then
   local last = tonumber(redis.call('HGET', KEYS[1], 'last_event_id') or '0')
   add_event(last + 1, 'response.cancelled', ARGV[1])
   finalize('cancelled', ARGV[2], '', ARGV[3], ARGV[4])
-  return 'cancelled'
+  return 'dequeued'
 end
 if status == 'in_progress' then redis.call('HSET', KEYS[1], 'cancel', '1') end
 return status

@@ -12,10 +12,38 @@ from typing import Any, Literal
 import msgspec
 from redis.asyncio import Redis
 
-from lmsp_core import keys, scripts, wire
+from lmsp_core import ids, keys, metrics, queue, scripts, wire
 from lmsp_core.settings import Settings
 
 Kind = Literal["task", "direct"]
+
+INDEX_CAP = 10_000  # entries kept per owner in the listing index
+
+
+class ListCursor(msgspec.Struct, frozen=True):
+    """Position in an owner's listing: the last task seen (creation time in ms, id). Listings are
+    ordered by creation time, then by id, both descending (the order of ZREVRANGEBYSCORE)."""
+
+    created_ms: int
+    task_id: str
+
+    def encode(self) -> str:
+        return f"{self.created_ms}.{self.task_id}"
+
+    @classmethod
+    def decode(cls, raw: str) -> "ListCursor | None":
+        head, _, task_id = raw.partition(".")
+        if not (head.isascii() and head.isdigit() and ids.is_id(task_id, ids.TASK)):
+            return None
+        return cls(int(head), task_id)
+
+    @classmethod
+    def after(cls, record: "TaskRecord") -> "ListCursor":
+        return cls(int(record.created_at * 1000), record.id)
+
+    def before(self, member: bytes, score: float) -> bool:
+        """Whether an index entry comes after this cursor in listing order."""
+        return score < self.created_ms or (score == self.created_ms and member.decode() < self.task_id)
 
 
 class TaskRecord(msgspec.Struct, frozen=True, kw_only=True):
@@ -104,27 +132,75 @@ class TaskStore:
     def task_ttl_ms(self) -> int:
         return int(self.settings.task_retention * 1000)
 
+    @property
+    def index_ttl_ms(self) -> int:
+        # a task ends at most job_timeout after it starts, then its record lives task_retention
+        return self.task_ttl_ms + int(self.settings.job_timeout * 1000)
+
     async def create(self, record: TaskRecord) -> None:
         mapping: dict[str, str | bytes | float | int] = {
             name: getattr(record, name) for name in (*_TEXT_FIELDS, "created_at", "request")
         }
-        await self.redis.hset(keys.task(record.id), mapping=mapping)  # type: ignore[misc]
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.hset(keys.task(record.id), mapping=mapping)
+            if record.kind == "task":  # direct responses are not listed
+                index = keys.owner_tasks(record.owner)
+                pipe.zadd(index, {record.id: int(record.created_at * 1000)})
+                pipe.zremrangebyrank(index, 0, -INDEX_CAP - 1)
+                pipe.pexpire(index, self.index_ttl_ms)
+            await pipe.execute()
 
-    async def delete(self, task_id: str) -> None:
-        await self.redis.delete(keys.task(task_id))
+    async def delete(self, record: TaskRecord) -> None:
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.delete(keys.task(record.id))
+            pipe.zrem(keys.owner_tasks(record.owner), record.id)
+            await pipe.execute()
+
+    async def list_owned(self, owner: str, limit: int,
+                         cursor: ListCursor | None = None) -> tuple[list[TaskRecord], bool]:
+        """An owner's tasks, newest first, after ``cursor``; and whether more follow."""
+        index = keys.owner_tasks(owner)
+        top = "+inf" if cursor is None else cursor.created_ms
+        found: list[TaskRecord] = []
+        offset = 0
+        while len(found) <= limit:
+            entries = await self.redis.zrevrangebyscore(index, top, "-inf", start=offset, num=limit + 1,
+                                                        withscores=True)
+            if not entries:
+                break
+            offset += len(entries)
+            ids = [member.decode() for member, score in entries if cursor is None or cursor.before(member, score)]
+            found += await self._present(index, ids)
+        return found[:limit], len(found) > limit
+
+    async def _present(self, index: str, ids: list[str]) -> list[TaskRecord]:
+        """The records of ``ids`` that still exist; the others (expired) leave the index."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for task_id in ids:
+                pipe.hgetall(keys.task(task_id))
+            raws = await pipe.execute()
+        gone = [task_id for task_id, raw in zip(ids, raws, strict=True) if not raw]
+        if gone:
+            await self.redis.zrem(index, *gone)
+        return [_record(raw) for raw in raws if raw]
 
     async def get(self, task_id: str) -> TaskRecord | None:
         raw = await self.redis.hgetall(keys.task(task_id))  # type: ignore[misc]
         return _record(raw) if raw else None
 
     async def cancel(self, record: TaskRecord) -> str:
-        """Cancel a task; returns the status after the call (see ``scripts.CANCEL``)."""
+        """Cancel a task; returns the status after the call: ``cancelled`` for a task that was queued,
+        ``in_progress`` for a running one (its worker stops it), else its final status or ``missing``."""
         data = wire.encoder.encode(wire.ResponseCancelled(response_id=record.response_id, status="cancelled"))
         response = wire.encoder.encode(cancelled_response(record))
-        status = await self._cancel(
+        status = (await self._cancel(
             keys=_task_keys(record.id), args=[data, response, self.event_ttl_ms, self.task_ttl_ms]
-        )
-        return str(status.decode())
+        )).decode()
+        if status == "dequeued":  # only the call that cancelled it counts it
+            await queue.withdraw(self.redis, record.id, record.model)
+            await metrics.add_now(self.redis, metrics.FINISHED, (record.model, "cancelled"))
+            return "cancelled"
+        return str(status)
 
     async def claim(self, record: TaskRecord, worker_id: str, lease: str, failure: wire.Problem) -> Claim:
         """Take a queued task, or one whose lease has lapsed. After ``max_attempts`` claims the

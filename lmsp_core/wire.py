@@ -312,8 +312,12 @@ class Task(Struct, frozen=True, kw_only=True):
 
 
 class TaskList(Struct, frozen=True, kw_only=True):
+    """A page of ``GET /lmsp/v1/tasks``: newest first; ``next_cursor`` asks for the next page."""
+
     object: Literal["list"] = "list"
     data: list[Task]
+    has_more: bool = False
+    next_cursor: str | None = None
 
 
 # --- models --------------------------------------------------------------------------------------

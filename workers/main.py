@@ -77,6 +77,8 @@ async def serve(settings: Settings, model_ids: list[str]) -> None:
     for task in background:
         task.cancel()
     with contextlib.suppress(Exception):
+        await service.metrics.flush(redis)
+    with contextlib.suppress(Exception):
         await registry.deregister(redis, service.info.id)
     for runtime in runtimes.values():
         runtime.engine.close()

@@ -12,12 +12,14 @@ import os
 import secrets
 import socket
 import time
+from collections import Counter
 from typing import Any
 
+import msgspec
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from lmsp_core import registry
+from lmsp_core import metrics, registry
 from lmsp_core.errors import GenerationFailed
 from lmsp_core.settings import Settings
 from lmsp_core.tasks import TaskStore
@@ -34,6 +36,7 @@ class WorkerService:
         self.runtimes = runtimes
         self.store = TaskStore(redis, settings)
         self.writer = EventWriter(redis, settings)
+        self.metrics = metrics.Recorder()
         self.runs: dict[str, TaskRun] = {}
         self.info = registry.WorkerInfo(
             id=f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}",
@@ -64,9 +67,13 @@ class WorkerService:
             f"The task was given up after {self.settings.max_attempts} attempts: its worker stopped each time.",
             code="worker_lost").problem()
         claim = await self.store.claim(record, self.info.id, lease, failure)
+        if claim.outcome == "exhausted":
+            self.metrics.count(metrics.FINISHED, (record.model, "failed"))
         if claim.outcome != "claimed":
             return claim.outcome
-        run = TaskRun(record, runtime, self.writer, self.settings, lease)
+        if claim.attempts == 1:
+            self.metrics.observe(metrics.QUEUE_TIME, (record.model,), max(0.0, time.time() - record.created_at))
+        run = TaskRun(record, runtime, self.writer, self.settings, lease, self.metrics)
         self.runs[task_id] = run
         try:
             history = await load_history(self.redis, task_id, claim.last_event_id)
@@ -96,10 +103,23 @@ class WorkerService:
     async def heartbeat(self) -> None:
         while True:
             try:
-                await registry.heartbeat(self.redis, self.info, self.settings.worker_ttl)
+                await self.beat()
             except (RedisError, OSError) as exc:
                 logger.warning("heartbeat failed: %s", type(exc).__name__)
             await asyncio.sleep(self.settings.worker_heartbeat)
+
+    async def beat(self) -> None:
+        """Heartbeat, with the running count and the metrics gathered since the last one."""
+        running = Counter(run.record.model for run in self.runs.values())
+        info = msgspec.structs.replace(self.info, running=dict(running))
+        async with self.redis.pipeline(transaction=False) as pipe:
+            registry.add_heartbeat(pipe, info, self.settings.worker_ttl)
+            taken = self.metrics.add_to(pipe)
+            try:
+                await pipe.execute()
+            except BaseException:
+                self.metrics.restore(taken)
+                raise
 
     async def renew_leases(self) -> None:
         while True:

@@ -18,7 +18,7 @@ import llguidance
 import msgspec
 from redis.asyncio import Redis
 
-from lmsp_core import eventlog, grammars, keys, wire
+from lmsp_core import eventlog, grammars, keys, metrics, wire
 from lmsp_core.catalog import ModelSpec
 from lmsp_core.chat import PromptRenderer
 from lmsp_core.errors import GenerationFailed, LmspError
@@ -83,7 +83,7 @@ def output_mode(request: wire.ResponseRequest) -> Mode:
 
 class TaskRun:
     def __init__(self, record: TaskRecord, runtime: ModelRuntime, writer: EventWriter, settings: Settings,
-                 lease: str) -> None:
+                 lease: str, recorder: metrics.Recorder | None = None) -> None:
         self.record = record
         self.request = msgspec.json.decode(record.request, type=wire.ResponseRequest)
         self.runtime = runtime
@@ -97,6 +97,8 @@ class TaskRun:
         self._text = TextStream(runtime.renderer.tokenizer)
         self._output = OutputAssembler(record.response_id, self._emit, output_mode(self.request))
         self._input_tokens = 0
+        self._recorder = recorder or metrics.Recorder()
+        self._meter: metrics.TokenMeter | None = None
 
     # --- the writer's view (Writable) -----------------------------------------------------------
 
@@ -120,6 +122,8 @@ class TaskRun:
         self._durable.set()
 
     def on_final_durable(self) -> None:
+        if self.outcome in wire.FINAL_STATUSES:
+            self._recorder.count(metrics.FINISHED, (self.record.model, self.outcome))
         self._durable.set()
 
     # --- running ---------------------------------------------------------------------------------
@@ -172,6 +176,7 @@ class TaskRun:
             self._output.start()
         else:
             self._replay(history)
+        self._meter = self._recorder.meter(self.record.model, self.record.created_at, bool(history.tokens))
         params = SamplingParams(temperature=self.request.temperature or 0.0)
         self.sequence = Sequence(prompt, budget, RowSampler(params, constraint),
                                  self.runtime.renderer.card.stop_token_ids, sink=self, generated=history.tokens)
@@ -188,6 +193,8 @@ class TaskRun:
     # --- engine sink -----------------------------------------------------------------------------
 
     def on_token(self, seq: Sequence, token: int) -> None:
+        if self._meter is not None:
+            self._meter.token()
         self.writer.tokens(self, [token])
         self._output.feed(self._text.push(token))
 

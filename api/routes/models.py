@@ -2,6 +2,7 @@
 
 from litestar import Controller, get
 
+from api import openapi as doc
 from api.services import Services
 from lmsp_core import registry, tokens, wire
 from lmsp_core.catalog import ModelSpec
@@ -19,12 +20,18 @@ class ModelsController(Controller):
     tags = ["models"]
     opt = {"scope": tokens.MODELS_READ}
 
-    @get(summary="List models")
+    @get(summary="List models",
+         description="Every model of the catalog with its context window, output cap, capabilities, and whether "
+                     "live workers serve it (`status`, `workers`).",
+         responses={200: doc.ok(wire.ModelList, "The models", doc.example("Models", wire.ModelList(
+             data=[doc.MODEL_OBJECT]))), **doc.problems("service_unavailable")})
     async def list_models(self, services: Services) -> wire.ModelList:
         counts = await registry.workers_per_model(services.redis)
         return wire.ModelList(data=[model_object(spec, counts[spec.id]) for spec in services.catalog])
 
-    @get("/{model_id:str}", summary="Get a model")
+    @get("/{model_id:str}", summary="Get a model", description="One model of the catalog.",
+         responses={200: doc.ok(wire.ModelObject, "The model", doc.example("A model", doc.MODEL_OBJECT)),
+                    **doc.problems("invalid_request", "model_not_found", "service_unavailable")})
     async def get_model(self, services: Services, model_id: str) -> wire.ModelObject:
         spec = services.catalog.get(model_id)
         counts = await registry.workers_per_model(services.redis)

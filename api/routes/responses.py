@@ -9,15 +9,18 @@ connection and a repeat waits for (or relays) the same task.
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Annotated, Any
 
 import anyio
 from litestar import Controller, Request, Response, post
+from litestar.openapi.datastructures import ResponseSpec
+from litestar.params import Body
 from litestar.response import ServerSentEvent, ServerSentEventMessage
 from litestar.types import Receive
 from redis.exceptions import RedisError
 
 from api import idempotency
+from api import openapi as doc
 from api.idempotency import REPLAYED, IdempotencyKey
 from api.problems import problem_response
 from api.services import Services
@@ -33,10 +36,22 @@ class ResponsesController(Controller):
     tags = ["responses"]
 
     @post(status_code=200, summary="Create a response", opt={"scope": tokens.RESPONSES_WRITE},
-          description="Generates a response, returned when it is final (`stream: false`) or as server-sent "
-                      "events (`stream: true`). A repeat with the same `Idempotency-Key` and body answers from "
-                      "the same generation.")
-    async def create_response(self, request: Request[Any, Any, Any], data: wire.ResponseRequest,
+          description="Generates a response, returned when it is final (`stream: false`, 6.2) or as server-sent "
+                      "events (`stream: true`, 6.3). A direct response belongs to its connection: if the client "
+                      "goes away, generation stops (unless it carries an `Idempotency-Key`). For resumable output "
+                      "create a task instead. A repeat with the same `Idempotency-Key` and body answers from the "
+                      "same generation.",
+          responses={
+              200: ResponseSpec(data_container=wire.Response, generate_examples=False,
+                                description="The final response (6.2). With `stream: true`: `text/event-stream` "
+                                            "(6.3), the events shown for `GET /lmsp/v1/tasks/{task_id}/events` "
+                                            "without `task.queued`.",
+                                examples=[doc.example("Completed", doc.RESPONSE)]),
+              **doc.problems("invalid_request", "context_length_exceeded", "model_not_found", "generation_failed",
+                             "service_unavailable", "model_unavailable"),
+          })
+    async def create_response(self, request: Request[Any, Any, Any],
+                              data: Annotated[wire.ResponseRequest, Body(examples=doc.REQUEST_EXAMPLES)],
                               services: Services, owner: str, idempotency_key: IdempotencyKey = None) -> Response[Any]:
         key = idempotency.parse_key(idempotency_key)
         # a stream's slot is taken first, so that a refused stream leaves no task behind

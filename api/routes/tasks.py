@@ -1,7 +1,8 @@
 """The tasks API: background generation whose events can be followed and resumed (6.4).
 
-POST /lmsp/v1/tasks, GET /lmsp/v1/tasks/{id}, GET /lmsp/v1/tasks/{id}/events,
-POST /lmsp/v1/tasks/{id}/cancel. See docs/protocol.md for the decisions the spec leaves open.
+POST /lmsp/v1/tasks, GET /lmsp/v1/tasks (the caller's tasks), GET /lmsp/v1/tasks/{id},
+GET /lmsp/v1/tasks/{id}/events, POST /lmsp/v1/tasks/{id}/cancel. See docs/protocol.md for the
+decisions the spec leaves open.
 """
 
 import asyncio
@@ -10,19 +11,28 @@ from collections.abc import AsyncIterator
 from typing import Annotated
 
 from litestar import Controller, Response, get, post
-from litestar.params import HeaderParameter
+from litestar.openapi.spec import Example
+from litestar.params import Body, HeaderParameter, Parameter
 from litestar.response import ServerSentEvent, ServerSentEventMessage
 
 from api import idempotency
+from api import openapi as doc
 from api.idempotency import REPLAYED, IdempotencyKey
 from api.services import Services
 from api.sse import relay
 from api.submit import submit
 from lmsp_core import eventlog, ids, tokens, wire
 from lmsp_core.errors import Gone, InvalidRequest, NotFound
-from lmsp_core.tasks import TaskRecord
+from lmsp_core.tasks import ListCursor, TaskRecord
 
 CANCEL_WAIT = 3.0  # how long cancel waits for a running task to stop before answering
+MAX_PAGE = 100
+
+_QUEUED = doc.ok(wire.Task, "The queued task", doc.example("Queued", doc.QUEUED_TASK))
+_FINAL = doc.ok(wire.Task, "The task", doc.example("Queued", doc.QUEUED_TASK),
+                doc.example("Completed, with its response", doc.FINAL_TASK))
+_PAGE = doc.ok(wire.TaskList, "A page of tasks, newest first", doc.example("A page", wire.TaskList(
+    data=[doc.FINAL_TASK], has_more=True, next_cursor=f"1794200000000.{doc.TASK_ID}")))
 
 
 class TasksController(Controller):
@@ -30,23 +40,56 @@ class TasksController(Controller):
     tags = ["tasks"]
 
     @post(status_code=202, summary="Create a task", opt={"scope": tokens.TASKS_WRITE},
-          description="Queues a generation and answers at once; follow it at `/lmsp/v1/tasks/{id}/events`. "
-                      "A repeat with the same `Idempotency-Key` and body returns the same task.")
-    async def create_task(self, data: wire.ResponseRequest, services: Services, owner: str,
-                          idempotency_key: IdempotencyKey = None) -> Response[wire.Task]:
+          description="Queues a generation and answers `202` at once, with `Location: /lmsp/v1/tasks/{id}`. The "
+                      "body is that of `POST /lmsp/v1/responses` (`stream` is ignored); follow the task at "
+                      "`/lmsp/v1/tasks/{id}/events`. A repeat with the same `Idempotency-Key` and body returns the "
+                      "same task.",
+          responses={202: _QUEUED, **doc.problems("invalid_request", "context_length_exceeded", "model_not_found",
+                                                  "service_unavailable")})
+    async def create_task(
+        self, data: Annotated[wire.ResponseRequest, Body(examples=doc.REQUEST_EXAMPLES)], services: Services,
+        owner: str, idempotency_key: IdempotencyKey = None,
+    ) -> Response[wire.Task]:
         record, repeated = await submit(services, data, kind="task", owner=owner,
                                         idempotency_key=idempotency.parse_key(idempotency_key))
         headers = {"Location": f"{self.path}/{record.id}", **(REPLAYED if repeated else {})}
         return Response(record.to_wire(), status_code=202, headers=headers)
 
+    @get(summary="List tasks", opt={"scope": tokens.TASKS_READ},
+         description="The caller's tasks, newest first, `limit` per page (default 20, at most 100). When "
+                     "`has_more` is true, pass `next_cursor` as `cursor` for the next page. Tasks leave the list "
+                     "when their record expires (`LMSP_TASK_RETENTION` after they end).",
+         responses={200: _PAGE, **doc.problems("invalid_request", "invalid_cursor", "service_unavailable")})
+    async def list_tasks(
+        self, services: Services, owner: str,
+        limit: Annotated[int, Parameter(ge=1, le=MAX_PAGE, description="tasks per page")] = 20,
+        cursor: Annotated[str | None, Parameter(description="`next_cursor` of the previous page",
+                                                examples=[Example(value=f"1794200000000.{doc.TASK_ID}")])] = None,
+    ) -> wire.TaskList:
+        after = None
+        if cursor:
+            after = ListCursor.decode(cursor)
+            if after is None:
+                raise InvalidRequest(f"Listing cursor {cursor!r} is not one this service returned.",
+                                     code="invalid_cursor")
+        records, more = await services.store.list_owned(owner, limit, after)
+        next_cursor = ListCursor.after(records[-1]).encode() if more and records else None
+        return wire.TaskList(data=[record.to_wire() for record in records], has_more=more, next_cursor=next_cursor)
+
     @get("/{task_id:str}", summary="Get a task", description="The task, with its response once it is final.",
-         opt={"scope": tokens.TASKS_READ})
+         opt={"scope": tokens.TASKS_READ},
+         responses={200: _FINAL, **doc.problems("invalid_request", "task_not_found", "service_unavailable")})
     async def get_task(self, task_id: str, services: Services, owner: str) -> wire.Task:
         return (await load_task(services, task_id, owner)).to_wire()
 
     @get("/{task_id:str}/events", summary="Follow a task's events", opt={"scope": tokens.TASKS_READ},
          description="Server-sent events after `?after=N` or `Last-Event-ID` (`after` wins), then live events "
-                     "until the final one. `410 event_history_expired` once the events have expired.")
+                     "until the final one. While the task waits in its queue, `task.queued` events (no `id`) give "
+                     "its queue position. `410 event_history_expired` once the events have expired: the result "
+                     "is still at `GET /lmsp/v1/tasks/{id}`.",
+         responses={200: doc.event_stream("The task's events, then the end of the stream", doc.TASK_EVENT_STREAM),
+                    **doc.problems("invalid_request", "invalid_cursor", "task_not_found", "event_history_expired",
+                                   "service_unavailable")})
     async def task_events(
         self, task_id: str, services: Services, owner: str, after: str | None = None,
         last_event_id: Annotated[str | None, HeaderParameter(name="Last-Event-ID")] = None,
@@ -64,7 +107,9 @@ class TasksController(Controller):
         return ServerSentEvent(slot.wrap(events))
 
     @post("/{task_id:str}/cancel", status_code=200, summary="Cancel a task", opt={"scope": tokens.TASKS_WRITE},
-          description="A queued task never runs; a running one stops within a few tokens. Idempotent.")
+          description="A queued task never runs; a running one stops within a few tokens (the call waits up to "
+                      "3 s for that) and keeps its partial output. Idempotent; a final task is left as it is.",
+          responses={200: _FINAL, **doc.problems("invalid_request", "task_not_found", "service_unavailable")})
     async def cancel_task(self, task_id: str, services: Services, owner: str) -> wire.Task:
         record = await load_task(services, task_id, owner)
         if await services.store.cancel(record) == "in_progress":

@@ -1,0 +1,214 @@
+"""The asyncio client: ``AsyncClient(url, token=...)``, the same interface as ``Client`` with awaits."""
+
+import asyncio
+from collections.abc import AsyncIterator
+from types import TracebackType
+from typing import Any
+
+import httpx
+from httpx_sse import aconnect_sse
+
+from lmsp.client import common
+from lmsp.client.common import Event, EventDecoder, InputLike, Reconnects
+from lmsp.client.errors import APIConnectionError, EventHistoryExpired, StreamError, status_error
+from lmsp_core import wire
+
+
+class AsyncClient:
+    """``url`` defaults to ``$LMSP_URL`` or http://127.0.0.1:8000, ``token`` to ``$LMSP_TOKEN``."""
+
+    def __init__(self, url: str | None = None, *, token: str | None = None,
+                 timeout: httpx.Timeout | float = common.DEFAULT_TIMEOUT) -> None:
+        self.config = common.Config.create(url, token)
+        self.http = httpx.AsyncClient(base_url=self.config.url, headers=self.config.headers, timeout=timeout)
+        self.responses = Responses(self)
+        self.tasks = Tasks(self)
+        self.models = Models(self)
+
+    async def request(self, method: str, path: str, *, content: bytes | None = None,
+                params: dict[str, Any] | None = None) -> bytes:
+        headers = {"Content-Type": "application/json"} if content is not None else None
+        try:
+            response = await self.http.request(method, path, content=content, params=params, headers=headers)
+        except httpx.TransportError as exc:
+            raise APIConnectionError(f"{method} {path}: {exc!r}") from exc
+        if response.status_code >= 400:
+            raise status_error(response.status_code, response.headers, response.content)
+        return response.content
+
+    async def aclose(self) -> None:
+        await self.http.aclose()
+
+    async def __aenter__(self) -> "AsyncClient":
+        return self
+
+    async def __aexit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await self.aclose()
+
+
+class Responses:
+    def __init__(self, client: AsyncClient) -> None:
+        self._client = client
+
+    async def create(self, *, model: str, input: InputLike, **options: Any) -> wire.Response:
+        """A synchronous response (6.2). Options are the request's other fields (``max_output_tokens``,
+        ``temperature``, ``previous_response_id``, ...)."""
+        body = common.request_body(model, input, **options, stream=False)
+        result: wire.Response = common.decode(await self._client.request("POST", "/lmsp/v1/responses", content=body),
+                                              wire.Response)
+        return result
+
+    def stream(self, *, model: str, input: InputLike, **options: Any) -> "ResponseStream":
+        """A streamed response (6.3): iterate over the events. A direct stream belongs to its
+        connection and cannot be resumed; use ``tasks`` for that."""
+        return ResponseStream(self._client, common.request_body(model, input, **options, stream=True))
+
+
+class ResponseStream:
+    """Iterate for events; ``text`` is the text so far, ``final`` the final event once received."""
+
+    def __init__(self, client: AsyncClient, body: bytes) -> None:
+        self._client = client
+        self._body = body
+        self.text = ""
+        self.final: Event | None = None
+
+    async def __aiter__(self) -> AsyncIterator[Event]:
+        decoder = EventDecoder()
+        headers = {"Content-Type": "application/json"}
+        try:
+            async with aconnect_sse(self._client.http, "POST", "/lmsp/v1/responses", content=self._body,
+                             headers=headers) as source:
+                if source.response.status_code >= 400:
+                    await source.response.aread()
+                    raise status_error(source.response.status_code, source.response.headers,
+                                       source.response.content)
+                async for sse in source.aiter_sse():
+                    event = decoder.decode(sse)
+                    if event is None:
+                        continue
+                    if (error := common.stream_problem(event)) is not None:
+                        raise error
+                    self.text += event.delta
+                    yield event
+                    if event.final:
+                        self.final = event
+                        return
+        except httpx.TransportError as exc:
+            raise APIConnectionError(f"the response stream broke: {exc!r}") from exc
+        raise APIConnectionError("the response stream ended before its final event")
+
+    async def __aenter__(self) -> "ResponseStream":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        return None
+
+
+class Tasks:
+    def __init__(self, client: AsyncClient) -> None:
+        self._client = client
+
+    async def create(self, *, model: str, input: InputLike, **options: Any) -> wire.Task:
+        body = common.request_body(model, input, **options)
+        task: wire.Task = common.decode(await self._client.request("POST", "/lmsp/v1/tasks", content=body), wire.Task)
+        return task
+
+    async def get(self, task_id: str) -> wire.Task:
+        task: wire.Task = common.decode(await self._client.request("GET", f"/lmsp/v1/tasks/{task_id}"), wire.Task)
+        return task
+
+    async def cancel(self, task_id: str) -> wire.Task:
+        task: wire.Task = common.decode(await self._client.request("POST", f"/lmsp/v1/tasks/{task_id}/cancel"),
+                                        wire.Task)
+        return task
+
+    async def list(self, *, limit: int = 20, cursor: str | None = None) -> wire.TaskList:
+        params: dict[str, Any] = {"limit": limit} | ({"cursor": cursor} if cursor else {})
+        page: wire.TaskList = common.decode(await self._client.request("GET", "/lmsp/v1/tasks", params=params),
+                                            wire.TaskList)
+        return page
+
+    def events(self, task_id: str, *, after: int = 0, reconnects: Reconnects | None = None) -> "TaskEvents":
+        """The task's events after ``after``, reconnecting with ``Last-Event-ID`` when the connection
+        drops; on ``410 event_history_expired`` the iteration ends and ``task`` holds the result."""
+        return TaskEvents(self._client, task_id, after, reconnects or Reconnects())
+
+
+class TaskEvents:
+    """An iterator over a task's events that survives dropped connections.
+
+    ``last_event_id`` is the resume cursor, ``reconnects`` the policy (its ``total`` counts the
+    reconnections), ``text`` the text received. ``expired`` is True when the events were past
+    retention: then ``task`` is the final task, fetched instead (6.4)."""
+
+    def __init__(self, client: AsyncClient, task_id: str, after: int, reconnects: Reconnects) -> None:
+        self._client = client
+        self.task_id = task_id
+        self._decoder = EventDecoder(after)
+        self.reconnects = reconnects
+        self.text = ""
+        self.expired = False
+        self.task: wire.Task | None = None
+
+    @property
+    def last_event_id(self) -> int:
+        return self._decoder.cursor
+
+    async def __aiter__(self) -> AsyncIterator[Event]:
+        while True:
+            try:
+                async for event in self._connection():
+                    self.text += event.delta
+                    yield event
+                    if event.final:
+                        return
+            except EventHistoryExpired:
+                self.expired = True
+                self.task = await self._client.tasks.get(self.task_id)
+                return
+            except StreamError as exc:
+                if exc.problem.status not in common.RESUMABLE_STATUSES:
+                    raise
+                cause: BaseException = exc
+            except (httpx.TransportError, common.Retry) as exc:
+                cause = exc
+            else:
+                cause = APIConnectionError("the stream ended before the final event")
+            delay = self.reconnects.next_delay()
+            if delay is None:
+                raise APIConnectionError(f"task {self.task_id}: the event stream kept failing") from cause
+            await asyncio.sleep(delay)
+
+    async def _connection(self) -> AsyncIterator[Event]:
+        url = f"/lmsp/v1/tasks/{self.task_id}/events"
+        headers = common.resume_headers(self.last_event_id)
+        async with aconnect_sse(self._client.http, "GET", url, headers=headers) as source:
+            response = source.response
+            if response.status_code >= 400:
+                await response.aread()
+                raise common.connect_error(status_error(response.status_code, response.headers, response.content))
+            async for sse in source.aiter_sse():
+                event = self._decoder.decode(sse)
+                if event is None:
+                    continue
+                if (problem := common.stream_problem(event)) is not None:
+                    raise problem
+                if event.id is not None:
+                    self.reconnects.progressed()
+                yield event
+
+
+class Models:
+    def __init__(self, client: AsyncClient) -> None:
+        self._client = client
+
+    async def list(self) -> wire.ModelList:
+        models: wire.ModelList = common.decode(await self._client.request("GET", "/lmsp/v1/models"), wire.ModelList)
+        return models
+
+    async def get(self, model_id: str) -> wire.ModelObject:
+        model: wire.ModelObject = common.decode(await self._client.request("GET", f"/lmsp/v1/models/{model_id}"),
+                                                wire.ModelObject)
+        return model

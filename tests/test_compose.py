@@ -1,0 +1,56 @@
+"""compose.yaml: its structure, and `docker compose config` (or `docker-compose config`) where a
+compose client is installed (`scripts/bootstrap --test` installs Debian's docker-compose)."""
+
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.support import ROOT
+
+COMPOSE = ROOT / "compose.yaml"
+
+
+def compose_command() -> list[str] | None:
+    docker = shutil.which("docker")
+    if docker and subprocess.run([docker, "compose", "version"], capture_output=True).returncode == 0:
+        return [docker, "compose"]
+    legacy = shutil.which("docker-compose")
+    return [legacy] if legacy else None
+
+
+def check(config: dict[str, Any]) -> None:
+    services = config["services"]
+    redis = services["redis"]
+    assert "--appendonly" in redis["command"] and "yes" in redis["command"]
+    assert any(":/data" in str(volume) or "'/data'" in str(volume) for volume in redis["volumes"])
+    assert services["api"]["deploy"]["replicas"] >= 2
+    workers = [name for name in services if name.startswith("worker-gpu")]
+    assert workers
+    for name in workers:
+        worker = services[name]
+        [device] = worker["deploy"]["resources"]["reservations"]["devices"]
+        assert device["capabilities"] == ["gpu"] and device["device_ids"]
+        assert any("/cache" in str(volume) for volume in worker["volumes"])
+        assert worker["command"][:2] == ["lmsp", "worker"]
+    assert {"redis-data", "model-cache"} <= set(config["volumes"])
+
+
+def test_compose_file_structure() -> None:
+    check(yaml.safe_load(COMPOSE.read_text()))
+    # the image has what the services run
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    assert "LMSP_MODEL_CACHE=/cache" in dockerfile and ".[worker]" in dockerfile
+
+
+def test_docker_compose_config_validates(tmp_path: Path) -> None:
+    command = compose_command()
+    if command is None:
+        pytest.skip("no docker compose client (`scripts/bootstrap --test` installs docker-compose)")
+    result = subprocess.run([*command, "-f", str(COMPOSE), "-p", "lmsp", "config"], capture_output=True, text=True,
+                            cwd=ROOT, timeout=120, env={"PATH": "/usr/bin:/bin:/usr/local/bin", "HOME": str(tmp_path)})
+    assert result.returncode == 0, result.stderr
+    check(yaml.safe_load(result.stdout))

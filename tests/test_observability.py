@@ -1,0 +1,131 @@
+"""Prometheus metrics, probes, the status view and the OpenAPI schema of the running service."""
+
+import asyncio
+import time
+from typing import Any
+
+import httpx
+import pytest
+from openapi_spec_validator import validate
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.support import body, sse_events
+
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+async def scrape(client: httpx.AsyncClient) -> Samples:
+    response = await client.get("/metrics")
+    assert response.status_code == 200 and response.headers["content-type"].startswith("text/plain; version=0.0.4")
+    return {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
+            for family in text_string_to_metric_families(response.text) for sample in family.samples}
+
+
+def value(samples: Samples, name: str, **labels: str) -> float:
+    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+async def test_a_task_shows_in_the_metrics(client: httpx.AsyncClient) -> None:
+    before = await scrape(client)
+    task = (await client.post("/lmsp/v1/tasks", json=body(max_output_tokens=25))).json()
+    async for _ in sse_events(client, "GET", f"/lmsp/v1/tasks/{task['id']}/events"):
+        pass
+    model = {"model": "tiny-random"}
+    deadline = time.monotonic() + 60
+    while True:  # workers add theirs with each heartbeat
+        after = await scrape(client)
+        if value(after, "lmsp_generated_tokens_total", **model) >= value(before, "lmsp_generated_tokens_total",
+                                                                        **model) + 25:
+            break
+        assert time.monotonic() < deadline, "the worker's counts never arrived"
+        await asyncio.sleep(0.2)
+
+    def grew(name: str, by: float, **labels: str) -> bool:
+        return value(after, name, **labels) >= value(before, name, **labels) + by
+
+    assert grew("lmsp_tasks_created_total", 1, kind="task", **model)
+    assert grew("lmsp_tasks_finished_total", 1, status="incomplete", **model)
+    assert grew("lmsp_queue_time_seconds_count", 1, **model)
+    assert grew("lmsp_time_to_first_token_seconds_count", 1, **model)
+    assert grew("lmsp_inter_token_latency_seconds_count", 24, **model)
+    assert value(after, "lmsp_inter_token_latency_seconds_bucket", le="+Inf", **model) == value(
+        after, "lmsp_inter_token_latency_seconds_count", **model)
+    assert value(after, "lmsp_workers_alive") >= 1 and value(after, "lmsp_model_workers", **model) >= 1
+    assert value(after, "lmsp_model_workers", model="tiny-unserved") == 0
+
+
+async def test_queue_depth_open_streams_and_status(client: httpx.AsyncClient) -> None:
+    base = await scrape(client)
+    unserved = {"model": "tiny-unserved"}
+    tasks = [(await client.post("/lmsp/v1/tasks", json=body(model="tiny-unserved"))).json()["id"] for _ in range(2)]
+    queued = await scrape(client)
+    assert value(queued, "lmsp_queue_depth", **unserved) == value(base, "lmsp_queue_depth", **unserved) + 2
+    assert value(queued, "lmsp_tasks", status="queued", **unserved) == value(queued, "lmsp_queue_depth", **unserved)
+    status = (await client.get("/status")).json()
+    model = next(m for m in status["models"] if m["id"] == "tiny-unserved")
+    assert model["queued"] == value(queued, "lmsp_queue_depth", **unserved) and model["workers"] == 0
+    assert any("tiny-random" in worker["models"] for worker in status["workers"])
+
+    async with client.stream("GET", f"/lmsp/v1/tasks/{tasks[0]}/events") as stream:
+        lines = stream.aiter_lines()  # kept: a dropped line iterator would close the stream
+        assert await anext(lines) == "event: task.queued"
+        streaming = await scrape(client)
+        assert value(streaming, "lmsp_open_streams", kind="task") == value(base, "lmsp_open_streams", kind="task") + 1
+    for task_id in tasks:
+        await client.post(f"/lmsp/v1/tasks/{task_id}/cancel")
+    done = await scrape(client)
+    # cancelled tasks leave the queue at once, even with no worker to pop them
+    assert value(done, "lmsp_queue_depth", **unserved) == value(base, "lmsp_queue_depth", **unserved)
+    assert value(done, "lmsp_tasks_finished_total", status="cancelled", **unserved) == value(
+        base, "lmsp_tasks_finished_total", status="cancelled", **unserved) + 2
+    deadline = time.monotonic() + 30
+    while value(await scrape(client), "lmsp_open_streams", kind="task") != value(base, "lmsp_open_streams",
+                                                                                  kind="task"):
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.1)
+
+
+async def test_probes(client: httpx.AsyncClient) -> None:
+    assert (await client.get("/healthz")).json() == {"status": "ok"}
+    ready = await client.get("/readyz")
+    assert ready.status_code == 200
+    assert ready.json()["models"]["tiny-random"] >= 1 and ready.json()["models"]["tiny-unserved"] == 0
+
+
+@pytest.fixture
+async def schema(client: httpx.AsyncClient) -> dict[str, Any]:
+    response = await client.get("/schema/openapi.json")
+    assert response.status_code == 200
+    document: dict[str, Any] = response.json()
+    return document
+
+
+async def test_openapi_schema_is_valid_and_documents_every_route(schema: dict[str, Any]) -> None:
+    validate(schema)
+    operations = [(path, method, op) for path, item in schema["paths"].items() for method, op in item.items()]
+    assert {path for path, _, _ in operations} >= {
+        "/lmsp/v1/responses", "/lmsp/v1/tasks", "/lmsp/v1/tasks/{task_id}", "/lmsp/v1/tasks/{task_id}/events",
+        "/lmsp/v1/tasks/{task_id}/cancel", "/lmsp/v1/models", "/lmsp/v1/models/{model_id}", "/healthz", "/readyz",
+        "/metrics", "/status"}
+    for path, method, op in operations:
+        where = f"{method.upper()} {path}"
+        assert op.get("summary") and op.get("description"), where
+        if "requestBody" in op:  # Litestar puts body examples into the schema (JSON Schema `examples`)
+            assert all(media["schema"].get("examples") for media in op["requestBody"]["content"].values()), where
+        for status, response in op["responses"].items():
+            for media_type, media in (response.get("content") or {}).items():
+                assert media.get("examples"), f"{where} {status} {media_type}"
+                if status.startswith(("4", "5")) and path not in ("/readyz",):
+                    assert media_type == "application/problem+json", f"{where} {status}"
+        assert any(status.startswith("2") for status in op["responses"]), where
+
+
+async def test_schema_examples_match_what_the_service_sends(schema: dict[str, Any],
+                                                            client: httpx.AsyncClient) -> None:
+    body_schema = schema["paths"]["/lmsp/v1/tasks"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    request = body_schema["examples"][0]
+    request["model"] = "tiny-random"
+    created = await client.post("/lmsp/v1/tasks", json=request)
+    assert created.status_code == 202
+    documented = schema["paths"]["/lmsp/v1/tasks"]["post"]["responses"]["202"]["content"]["application/json"]
+    assert set(next(iter(documented["examples"].values()))["value"]) == set(created.json())

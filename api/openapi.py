@@ -102,9 +102,17 @@ _PROBLEMS: dict[str, tuple[int, str, str]] = {
     "generation_failed": (500, "Generation failed", "The model failed while generating."),
     "service_unavailable": (503, "Service unavailable", "The service's store is unreachable; retry shortly."),
     "model_unavailable": (503, "Service unavailable", f"No worker is running model {MODEL!r} right now."),
+    "server_busy": (503, "Service unavailable", f"The queue of model {MODEL!r} is full (1000 tasks); retry later."),
+    "not_ready": (503, "Service unavailable", "Not ready: no worker is alive."),
+    "unauthorized": (401, "Unauthorized", "This route needs a bearer token (Authorization: Bearer <token>)."),
+    "insufficient_scope": (403, "Forbidden", "This route needs the scope 'tasks:write'."),
+    "idempotency_key_reused": (422, "Unprocessable Content",
+                               "This Idempotency-Key was used with another request body."),
+    "rate_limited": (429, "Too Many Requests", "Too many requests; retry after the time in Retry-After."),
 }
 
-_STATUS_TEXT = {400: "Bad request", 404: "Not found", 410: "Gone", 500: "Generation failed",
+_STATUS_TEXT = {400: "Bad request", 401: "Unauthorized", 403: "Forbidden", 404: "Not found", 410: "Gone",
+                422: "Unprocessable content", 429: "Too many requests", 500: "Generation failed",
                 503: "Service unavailable"}
 
 

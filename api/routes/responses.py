@@ -48,7 +48,8 @@ class ResponsesController(Controller):
                                             "without `task.queued`.",
                                 examples=[doc.example("Completed", doc.RESPONSE)]),
               **doc.problems("invalid_request", "context_length_exceeded", "model_not_found", "generation_failed",
-                             "service_unavailable", "model_unavailable"),
+                             "service_unavailable", "model_unavailable", "server_busy", "unauthorized",
+                             "insufficient_scope", "idempotency_key_reused", "rate_limited"),
           })
     async def create_response(self, request: Request[Any, Any, Any],
                               data: Annotated[wire.ResponseRequest, Body(examples=doc.REQUEST_EXAMPLES)],

@@ -29,8 +29,12 @@ ROUTES: list[tuple[str, str, str | None]] = [
     ("POST", "/lmsp/v1/tasks/{task_id}/cancel", tokens.TASKS_WRITE),
     ("GET", "/lmsp/v1/models", tokens.MODELS_READ),
     ("GET", "/lmsp/v1/models/{model_id}", tokens.MODELS_READ),
+    ("GET", "/lmsp/v1/tasks", tokens.TASKS_READ),
+    ("GET", "/metrics", tokens.MODELS_READ),
+    ("GET", "/status", tokens.MODELS_READ),
     ("GET", "/healthz", None),
     ("GET", "/readyz", None),
+    ("GET", "/", None),
 ]
 
 

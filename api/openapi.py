@@ -96,6 +96,8 @@ _PROBLEMS: dict[str, tuple[int, str, str]] = {
                                 "The prompt (9000 tokens) does not fit the context window of 8192 tokens."),
     "model_not_found": (404, "Not found", "Model 'no-such-model' does not exist."),
     "task_not_found": (404, "Not found", f"Task {TASK_ID!r} does not exist."),
+    "response_not_found": (404, "Not found", "Response 'resp_01J8M6Q4W2T7N5R3V9X1Z8B0DF' does not exist (or was "
+                                             "not stored, or has expired)."),
     "event_history_expired": (410, "Event history expired",
                               f"The events of task {TASK_ID} have expired; GET /lmsp/v1/tasks/{TASK_ID} still "
                               "returns its result."),

@@ -17,6 +17,7 @@ from api.metrics import ApiMetrics
 from lmsp_core import registry
 from lmsp_core.catalog import Catalog
 from lmsp_core.chat import PromptRenderer
+from lmsp_core.conversations import ConversationStore
 from lmsp_core.settings import Settings
 from lmsp_core.tasks import TaskStore
 
@@ -38,6 +39,7 @@ class Services:
     store: TaskStore
     hub: EventHub
     limits: Limits
+    conversations: ConversationStore
     metrics: ApiMetrics = field(default_factory=ApiMetrics)
     _renderers: dict[str, _CachedRenderer] = field(default_factory=dict)
 
@@ -45,7 +47,8 @@ class Services:
     def create(cls, settings: Settings) -> "Services":
         redis = ArqRedis(ConnectionPool.from_url(settings.redis_url, health_check_interval=30))
         return cls(settings=settings, catalog=Catalog.from_settings(settings), redis=redis,
-                   store=TaskStore(redis, settings), hub=EventHub(redis), limits=Limits(redis, settings))
+                   store=TaskStore(redis, settings), hub=EventHub(redis), limits=Limits(redis, settings),
+                   conversations=ConversationStore(redis, settings))
 
     async def renderer(self, model_id: str) -> PromptRenderer | None:
         """The prompt renderer of a model, from the card its workers publish (None before any

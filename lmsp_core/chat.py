@@ -161,5 +161,6 @@ class PromptRenderer:
         ids: list[int] = self.tokenizer.encode(text, add_special_tokens=False).ids
         return ids
 
-    def prompt_ids(self, request: wire.ResponseRequest) -> list[int]:
-        return self.encode(self.render(request.input, request.tools))
+    def prompt_ids(self, request: wire.ResponseRequest, items: Sequence[wire.InputItem] | None = None) -> list[int]:
+        """The prompt of a request; ``items`` replaces its input (a continued conversation)."""
+        return self.encode(self.render(request.input if items is None else items, request.tools))

@@ -5,9 +5,10 @@ grammars and enforce them token by token, so tool-call arguments and json_schema
 parse and validate.
 
 Tool calls use one text format, whatever the model (see docs/protocol.md):
-``<tool_call>{"name": "<tool>", "arguments": {...}}</tool_call>``, several calls separated by a
-newline. It is the format of Hermes-style chat templates (Qwen, Hermes and others), so models whose
-template knows tools see their native format, and others are told about it in the system prompt.
+``<tool_call>{"name": "<tool>", "arguments": {...}}</tool_call>`` (one call per response by default;
+several are separated by a newline). It is the format of Hermes-style chat templates (Qwen, Hermes
+and others), so models whose template knows tools see their native format, and others are told
+about it in the system prompt.
 """
 
 import json
@@ -71,8 +72,11 @@ def _json_lark(schema: dict[str, Any]) -> str:
     return f"%json {json.dumps({**schema, 'x-guidance': options})}"
 
 
-def generation_grammar(request: wire.ResponseRequest) -> str | None:
-    """The llguidance grammar the output must follow, or None when it is free text."""
+def generation_grammar(request: wire.ResponseRequest, parallel_calls: bool = False) -> str | None:
+    """The llguidance grammar the output must follow, or None when it is free text.
+
+    A response makes one call unless ``parallel_calls``: small models that were not trained for tools
+    otherwise repeat the same call until the token budget runs out."""
     choice = request.tool_choice or "auto"
     schema = request.response_format.json_schema.schema if isinstance(
         request.response_format, wire.JsonSchemaFormat) else None
@@ -86,7 +90,8 @@ def generation_grammar(request: wire.ResponseRequest) -> str | None:
     tools = request.tools
     if isinstance(choice, wire.NamedToolChoice):
         tools = [tool for tool in tools if tool.name == choice.name]
-    calls = (f'calls: call ("\\n" call)*\ncall: "{CALL_OPEN}" body "{CALL_CLOSE}"\n'
+    repeat = ' ("\\n" call)*' if parallel_calls else ""
+    calls = (f'calls: call{repeat}\ncall: "{CALL_OPEN}" body "{CALL_CLOSE}"\n'
              f"body: {_json_lark(call_schema(tools))}\n")
     if choice != "auto":  # "required" or a named function: the output is calls only
         return llguidance.LLMatcher.grammar_from_lark("start: calls\n" + calls)

@@ -22,6 +22,22 @@ def tokens(task_id: str) -> str:
     return f"{PREFIX}:task:{{{task_id}}}:tokens"
 
 
+def stored(task_id: str) -> str:
+    """Hash: a stored response (``store: true``): owner, this turn's input, the previous response
+    id, and the response once final. Shares the task's hash tag: the final write is atomic."""
+    return f"{PREFIX}:task:{{{task_id}}}:stored"
+
+
+def response(response_id: str) -> str:
+    """String: the task id of a stored response, for GET /lmsp/v1/responses/{id}."""
+    return f"{PREFIX}:response:{{{response_id}}}"
+
+
+def script_keys(task_id: str) -> list[str]:
+    """The keys the task scripts (``lmsp_core.scripts``) take, in their order."""
+    return [task(task_id), events(task_id), tokens(task_id), stored(task_id)]
+
+
 def owner_tasks(owner: str) -> str:
     """Sorted set: an owner's task ids scored by creation time (ms), for ``GET /lmsp/v1/tasks``.
     Capped in length, expired with the task retention, and entries whose record expired are

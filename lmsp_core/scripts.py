@@ -17,6 +17,8 @@ local function finalize(status, response, err, event_ttl, task_ttl)
   redis.call('PEXPIRE', KEYS[2], event_ttl)
   redis.call('PEXPIRE', KEYS[3], event_ttl)
   redis.call('PEXPIRE', KEYS[1], task_ttl)
+  -- a stored response (store: true) gets its final object in the same step
+  if redis.call('EXISTS', KEYS[4]) == 1 then redis.call('HSET', KEYS[4], 'response', response) end
 end
 local function add_event(id, name, data)
   redis.call('XADD', KEYS[2], '0-' .. id, 'event', name, 'data', data)
@@ -24,7 +26,7 @@ local function add_event(id, name, data)
 end
 """
 
-# KEYS: task, events, tokens
+# KEYS: task, events, tokens, stored (keys.script_keys)
 # ARGV: lease, first_id, n_events, token_bytes, token_offset, lease_ttl_ms,
 #       final ('1' or ''), status, response_json, error_json, event_ttl_ms, task_ttl_ms,
 #       then n_events pairs of (event name, data json)
@@ -53,7 +55,7 @@ return {1, redis.call('HEXISTS', KEYS[1], 'cancel')}
 """
 )
 
-# KEYS: task, events, tokens
+# KEYS: task, events, tokens, stored (keys.script_keys)
 # ARGV: lease, lease_ttl_ms, max_attempts, failed_data_json, failed_response_json, error_json,
 #       event_ttl_ms, task_ttl_ms, worker_id
 # Returns {'claimed', last_event_id, attempts, cancel_requested}, {'exhausted'}, {'missing'},
@@ -82,7 +84,7 @@ return {status}
 """
 )
 
-# KEYS: task, events, tokens
+# KEYS: task, events, tokens, stored (keys.script_keys)
 # ARGV: cancelled_data_json, cancelled_response_json, event_ttl_ms, task_ttl_ms
 # Returns 'dequeued' for a queued task (now cancelled: its stream gets response.cancelled at once),
 # 'in_progress' for a running one (its worker stops it), the final status for a finished one, or

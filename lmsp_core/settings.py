@@ -43,6 +43,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     # comma-separated origins allowed by CORS ("*" for any); empty: CORS off
     cors_origins: str = ""
     idempotency_ttl: Seconds = 86400.0
+    # stored responses (store: true), counted from the last turn that continued their conversation
+    response_retention: Seconds = 30 * 86400.0
     # request limits
     max_body_bytes: Annotated[int, Meta(ge=1024)] = 4 * 1024 * 1024
     max_input_items: Annotated[int, Meta(ge=1)] = 1024

@@ -63,6 +63,13 @@ class TaskRecord(msgspec.Struct, frozen=True, kw_only=True):
     attempts: int = 0
     cancel_requested: bool = False
     worker: str | None = None  # the worker that claimed it last
+    # the whole input (earlier turns of a conversation + this request's), when it differs from the request's
+    context: bytes | None = None
+
+    def input_items(self, request: wire.ResponseRequest) -> list[wire.InputItem]:
+        if self.context is None:
+            return list(request.input)
+        return msgspec.json.decode(self.context, type=list[wire.InputItem])
 
     @property
     def final(self) -> bool:
@@ -100,7 +107,7 @@ def _record(raw: dict[bytes, bytes]) -> TaskRecord:
     data.update({name: fields[name].decode() for name in _OPTIONAL_TEXT_FIELDS if name in fields})
     data.update({name: float(fields[name]) for name in _FLOAT_FIELDS if name in fields})
     data.update({name: int(fields[name]) for name in _INT_FIELDS if name in fields})
-    data.update({name: fields[name] for name in ("request", "response", "error") if name in fields})
+    data.update({name: fields[name] for name in ("request", "response", "error", "context") if name in fields})
     data["cancel_requested"] = "cancel" in fields
     return msgspec.convert(data, TaskRecord)
 
@@ -141,6 +148,8 @@ class TaskStore:
         mapping: dict[str, str | bytes | float | int] = {
             name: getattr(record, name) for name in (*_TEXT_FIELDS, "created_at", "request")
         }
+        if record.context is not None:
+            mapping["context"] = record.context
         async with self.redis.pipeline(transaction=False) as pipe:
             pipe.hset(keys.task(record.id), mapping=mapping)
             if record.kind == "task":  # direct responses are not listed
@@ -194,7 +203,7 @@ class TaskStore:
         data = wire.encoder.encode(wire.ResponseCancelled(response_id=record.response_id, status="cancelled"))
         response = wire.encoder.encode(cancelled_response(record))
         status = (await self._cancel(
-            keys=_task_keys(record.id), args=[data, response, self.event_ttl_ms, self.task_ttl_ms]
+            keys=keys.script_keys(record.id), args=[data, response, self.event_ttl_ms, self.task_ttl_ms]
         )).decode()
         if status == "dequeued":  # only the call that cancelled it counts it
             await queue.withdraw(self.redis, record.id, record.model)
@@ -209,7 +218,7 @@ class TaskStore:
                                                               error=failure))
         failed_response = wire.encoder.encode(failed_response_object(record, failure))
         result = await self._claim(
-            keys=_task_keys(record.id),
+            keys=keys.script_keys(record.id),
             args=[lease, int(self.settings.lease_ttl * 1000), self.settings.max_attempts, failed_data,
                   failed_response, wire.encoder.encode(failure), self.event_ttl_ms, self.task_ttl_ms, worker_id],
         )
@@ -233,9 +242,6 @@ class TaskStore:
         """Hand a held task back so that another worker claims it at once."""
         return bool(await self._release(keys=[keys.task(task_id)], args=[lease]))
 
-
-def _task_keys(task_id: str) -> list[str]:
-    return [keys.task(task_id), keys.events(task_id), keys.tokens(task_id)]
 
 
 def cancelled_response(record: TaskRecord) -> wire.Response:

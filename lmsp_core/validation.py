@@ -5,6 +5,7 @@ them again before it generates, since a queued request may meet a differently co
 """
 
 import re
+from collections.abc import Sequence
 
 from lmsp_core import grammars, wire
 from lmsp_core.catalog import ModelSpec
@@ -14,11 +15,14 @@ from lmsp_core.settings import Settings
 _RESERVED_CONTENT = (wire.InputImage, wire.InputAudio, wire.InputFile)
 
 
-def check_request(request: wire.ResponseRequest, spec: ModelSpec) -> None:
+def check_request(request: wire.ResponseRequest, spec: ModelSpec,
+                  items: Sequence[wire.InputItem] | None = None) -> None:
+    """Raise if the request cannot run on the model. ``items`` is the whole input when it is more than
+    the request's own (a conversation continued with previous_response_id)."""
     _check_content(request)
     _check_capabilities(request, spec)
     _check_tools(request)
-    _check_calls(request)
+    _check_calls(request.input if items is None else items)
     _check_response_format(request)
     if request.max_output_tokens is not None and request.max_output_tokens > spec.max_output_tokens:
         raise InvalidRequest(
@@ -115,10 +119,10 @@ def _check_tools(request: wire.ResponseRequest) -> None:
         raise InvalidRequest("tool_choice requires a call but the request has no tools.", code="invalid_tool_choice")
 
 
-def _check_calls(request: wire.ResponseRequest) -> None:
+def _check_calls(items: Sequence[wire.InputItem]) -> None:
     """Every function_call_output answers a function_call that comes before it in the input."""
     calls: set[str] = set()
-    for index, item in enumerate(request.input):
+    for index, item in enumerate(items):
         if isinstance(item, wire.FunctionCall):
             calls.add(item.call_id)
         elif isinstance(item, wire.FunctionCallOutput) and item.call_id not in calls:

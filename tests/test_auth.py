@@ -30,6 +30,7 @@ ROUTES: list[tuple[str, str, str | None]] = [
     ("GET", "/lmsp/v1/models", tokens.MODELS_READ),
     ("GET", "/lmsp/v1/models/{model_id}", tokens.MODELS_READ),
     ("GET", "/lmsp/v1/tasks", tokens.TASKS_READ),
+    ("GET", "/lmsp/v1/responses/{response_id}", tokens.RESPONSES_READ),
     ("GET", "/metrics", tokens.MODELS_READ),
     ("GET", "/status", tokens.MODELS_READ),
     ("GET", "/healthz", None),
@@ -56,7 +57,7 @@ def test_every_route_declares_its_scope() -> None:
 
 
 def _request(method: str, path: str) -> tuple[str, str, dict[str, Any]]:
-    url = path.format(task_id=UNKNOWN_TASK, model_id="tiny-random")
+    url = path.format(task_id=UNKNOWN_TASK, model_id="tiny-random", response_id="resp_01J8M6Q4W2T7N5R3V9X1Z8B0DF")
     return method, url, {"json": body(max_output_tokens=1)} if method == "POST" else {}
 
 

@@ -1,11 +1,13 @@
 """The default model, SmolLM2-135M-Instruct from its GGUF, end to end (slower: real weights)."""
 
+import json
 from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
 import pytest
 import pytest_asyncio
+import redis.asyncio as aioredis
 
 from lmsp_core import wire
 from tests.support import Api, RedisServer, Worker, collect, user_input
@@ -71,3 +73,52 @@ async def test_max_output_tokens_5_is_incomplete_with_5_tokens(smol: httpx.Async
     assert data["incomplete_details"] == {"reason": "max_output_tokens"}
     assert data["usage"]["output_tokens"] == 5
     assert data["output"][0]["content"][0]["text"]
+
+
+async def test_a_five_turn_conversation_keeps_turn_one_in_context(smol: httpx.AsyncClient,
+                                                                 redis: aioredis.Redis) -> None:
+    from tests.test_conversations import as_input, render
+
+    turns = ["My name is Ada and my favourite colour is teal.", "What is the capital of France?",
+             "Name a fruit.", "Count to three.", "What is my favourite colour?"]
+    items: list[dict[str, Any]] = []
+    previous = None
+    for number, text in enumerate(turns, start=1):
+        request = {"model": MODEL, "input": user_input(text), "max_output_tokens": 12, "temperature": 0,
+                   "store": True} | ({"previous_response_id": previous} if previous else {})
+        response = (await smol.post("/lmsp/v1/responses", json=request)).json()
+        items += user_input(text)
+        prompt, length = await render(redis, MODEL, items)
+        # the worker's prompt is the whole chain: same token count as rendering it here
+        assert response["usage"]["input_tokens"] == length, f"turn {number}"
+        items += as_input(response["output"])
+        previous = response["id"]
+    assert "favourite colour is teal" in prompt
+    assert prompt.count("<|im_start|>user") == 5
+
+
+WEATHER_TOOL: dict[str, Any] = {
+    "type": "function", "name": "get_weather", "description": "Get the current weather for a city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+}
+
+
+async def test_the_6_5_weather_example_with_its_follow_up(smol: httpx.AsyncClient) -> None:
+    question = user_input("What is the weather in Hangzhou?")
+    request = {"model": MODEL, "input": question, "tools": [WEATHER_TOOL], "max_output_tokens": 64, "temperature": 0}
+    # a 135M model that was not trained for tools answers in prose under "auto": force the call
+    first = (await smol.post("/lmsp/v1/responses", json=request | {"tool_choice": "required"})).json()
+    assert first["status"] == "completed", first
+    [call] = first["output"]
+    assert call["type"] == "function_call" and call["name"] == "get_weather"
+    assert call["id"].startswith("fc_") and call["call_id"].startswith("call_")
+    arguments = json.loads(call["arguments"])
+    assert isinstance(arguments["city"], str) and set(arguments) == {"city"}
+    follow_up = request | {"input": [*question, call, {
+        "type": "function_call_output", "call_id": call["call_id"],
+        "output": json.dumps({"temperature_c": 17, "condition": "light rain"})}]}
+    second = (await smol.post("/lmsp/v1/responses", json=follow_up)).json()
+    assert second["status"] in ("completed", "incomplete"), second
+    [message] = second["output"]
+    assert message["type"] == "message" and message["content"][0]["text"].strip()
+    assert second["usage"]["input_tokens"] > first["usage"]["input_tokens"]

@@ -159,8 +159,9 @@ class TaskRun:
 
     def _prepare(self) -> tuple[list[int], int, str | None]:
         spec = self.runtime.spec
-        check_request(self.request, spec)
-        prompt = self.runtime.renderer.prompt_ids(self.request)
+        items = self.record.input_items(self.request)
+        check_request(self.request, spec, items)
+        prompt = self.runtime.renderer.prompt_ids(self.request, items)
         return prompt, output_budget(self.request, spec, len(prompt)), grammars.generation_grammar(self.request)
 
     def _start(self, prompt: list[int], budget: int, grammar: str | None, history: History) -> None:

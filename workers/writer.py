@@ -158,7 +158,7 @@ class EventWriter:
         async with self.redis.pipeline(transaction=False) as pipe:
             for log, batch in sending:
                 batch.sent = True
-                await self._append(keys=_keys(log.owner.task_id), args=self._args(log, batch), client=pipe)
+                await self._append(keys=keys.script_keys(log.owner.task_id), args=self._args(log, batch), client=pipe)
             try:
                 results = await pipe.execute(raise_on_error=False)
             except BaseException:
@@ -204,6 +204,3 @@ class EventWriter:
         elif answer[0] == 1 and answer[1] == 1:
             log.owner.on_cancel_requested()
 
-
-def _keys(task_id: str) -> list[str]:
-    return [keys.task(task_id), keys.events(task_id), keys.tokens(task_id)]

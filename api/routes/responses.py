@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
 import anyio
-from litestar import Controller, Request, Response, post
+from litestar import Controller, Request, Response, get, post
 from litestar.openapi.datastructures import ResponseSpec
 from litestar.params import Body
 from litestar.response import ServerSentEvent, ServerSentEventMessage
@@ -26,8 +26,8 @@ from api.problems import problem_response
 from api.services import Services
 from api.sse import relay
 from api.submit import submit
-from lmsp_core import eventlog, tokens, wire
-from lmsp_core.errors import GenerationFailed, Gone
+from lmsp_core import eventlog, ids, tokens, wire
+from lmsp_core.errors import GenerationFailed, Gone, NotFound
 from lmsp_core.tasks import TaskRecord
 
 
@@ -73,6 +73,19 @@ class ResponsesController(Controller):
                 await _cancel(services, record)
             return Response(content=b"", status_code=499)
         return await _final_answer(services, record, headers)
+
+    @get("/{response_id:str}", summary="Get a stored response", opt={"scope": tokens.RESPONSES_READ},
+         description="A response created with `store: true` by the same principal: the response object (6.2), "
+                     "`in_progress` with no output while it is being generated. Unknown, expired, another "
+                     "principal's or unstored responses are all `404 response_not_found`.",
+         responses={200: ResponseSpec(data_container=wire.Response, generate_examples=False,
+                                      description="The stored response (6.2)",
+                                      examples=[doc.example("Completed", doc.RESPONSE)]),
+                    **doc.problems("response_not_found", "service_unavailable")})
+    async def get_response(self, response_id: str, services: Services, owner: str) -> wire.Response:
+        if not ids.is_id(response_id, ids.RESPONSE):
+            raise NotFound(f"Response {response_id!r} does not exist.", code="response_not_found")
+        return (await services.conversations.load(response_id, owner)).as_response()
 
 
 async def _check_history(services: Services, record: TaskRecord) -> None:

@@ -132,8 +132,8 @@ class TaskRun:
         """Generate until a final event is stored (or the lease is lost); returns the outcome."""
         self.writer.open(self, history.last_event_id, len(history.tokens))
         try:
-            prompt, budget, grammar = await asyncio.to_thread(self._prepare)
-            self._start(prompt, budget, grammar, history)
+            prompt, budget, constraint = await asyncio.to_thread(self._prepare, history)
+            self._start(prompt, budget, constraint, history)
         except LmspError as exc:
             self._fail(exc.problem())
         else:
@@ -157,21 +157,23 @@ class TaskRun:
         await self.writer.settled(self.task_id)
         self.writer.close(self.task_id)
 
-    def _prepare(self) -> tuple[list[int], int, str | None]:
+    def _prepare(self, history: History) -> tuple[list[int], int, GrammarConstraint | None]:
+        """Prompt, token budget and grammar (compiling one can take a while: off the event loop)."""
         spec = self.runtime.spec
         items = self.record.input_items(self.request)
         check_request(self.request, spec, items)
         prompt = self.runtime.renderer.prompt_ids(self.request, items)
-        return prompt, output_budget(self.request, spec, len(prompt)), grammars.generation_grammar(self.request)
+        budget = output_budget(self.request, spec, len(prompt))
+        grammar = grammars.generation_grammar(self.request)
+        if grammar is None:
+            return prompt, budget, None
+        try:
+            return prompt, budget, GrammarConstraint(self.runtime.grammar_tokenizer, grammar, history.tokens)
+        except ValueError as exc:
+            raise GenerationFailed(f"The output grammar could not be applied: {exc}") from exc
 
-    def _start(self, prompt: list[int], budget: int, grammar: str | None, history: History) -> None:
+    def _start(self, prompt: list[int], budget: int, constraint: GrammarConstraint | None, history: History) -> None:
         self._input_tokens = len(prompt)
-        constraint = None
-        if grammar is not None:
-            try:
-                constraint = GrammarConstraint(self.runtime.grammar_tokenizer, grammar, history.tokens)
-            except ValueError as exc:
-                raise GenerationFailed(f"The output grammar could not be applied: {exc}") from exc
         if history.last_event_id == 0:
             self._emit(wire.CREATED, wire.ResponseCreated(response_id=self.record.response_id))
             self._output.start()

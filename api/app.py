@@ -8,6 +8,7 @@ from litestar.di import Provide
 from api import openapi
 from api.auth import authorize, check_exposure, check_routes
 from api.deps import provide_identity, provide_owner, provide_services
+from api.extension_header import IGNORED_EXTENSIONS_HEADER
 from api.idempotency import HEADER as IDEMPOTENCY_HEADER
 from api.idempotency import REPLAYED_HEADER
 from api.problems import HANDLERS, problems_only
@@ -30,7 +31,8 @@ def cors_config(settings: Settings) -> CORSConfig | None:
     return CORSConfig(
         allow_origins=origins, allow_methods=["GET", "POST"], allow_credentials=False,
         allow_headers=["Authorization", "Content-Type", IDEMPOTENCY_HEADER, "LMSP-Version", "Last-Event-ID"],
-        expose_headers=["LMSP-Version", "Location", "Retry-After", "WWW-Authenticate", REPLAYED_HEADER],
+        expose_headers=["LMSP-Version", "Location", "Retry-After", "WWW-Authenticate", REPLAYED_HEADER,
+                        IGNORED_EXTENSIONS_HEADER],
     )
 
 

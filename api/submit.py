@@ -15,7 +15,7 @@ from redis.exceptions import RedisError
 
 from api import idempotency
 from api.services import Services
-from lmsp_core import conversations, ids, metrics, queue, registry, wire
+from lmsp_core import conversations, extensions, ids, metrics, queue, registry, wire
 from lmsp_core.catalog import ModelSpec
 from lmsp_core.conversations import StoredResponse
 from lmsp_core.errors import ServiceUnavailable
@@ -56,10 +56,12 @@ async def submit(services: Services, request: wire.ResponseRequest, *, kind: Kin
         if winner is not None:
             await _forget(services, record)  # never queued: nothing was generated for it
             return Submission(await _earlier(services, winner), True)
+    priority = extensions.priority(request, direct=kind == "direct")
     try:
         if request.store and spec.has("conversations"):
             await services.conversations.store(record, request, chain)
-        await queue.enqueue(services.redis, record.id, spec.id)
+        await queue.enqueue(services.redis, record.id, spec.id,
+                            queued_at=queue.score(record.created_at, priority, services.settings.priority_step))
     except RedisError:
         await _forget(services, record)
         if idempotency_key:

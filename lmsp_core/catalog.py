@@ -17,6 +17,30 @@ from lmsp_core.wire import Capability
 
 ALL_CAPABILITIES: tuple[Capability, ...] = ("streaming", "tools", "structured_output", "conversations")
 
+Marker = Annotated[str, Meta(min_length=1, max_length=64)]
+
+
+class ReasoningFormat(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """How a reasoning model marks its reasoning section (docs/protocol.md, "Reasoning").
+
+    ``opened_by`` says who writes ``start`` at the beginning of the generation: ``model`` (the model
+    may open a section as its first output, as Qwen3 does), ``template`` (the chat template's
+    generation prompt ends inside an open section, as DeepSeek-R1's does) or ``service`` (the service
+    appends ``start`` and a newline to every prompt). ``budget`` is the default reasoning budget in
+    tokens (None: only ``max_output_tokens`` bounds it); the ``x-reasoning_budget`` extension
+    overrides it per request.
+    """
+
+    start: Marker = "<think>"
+    end: Marker = "</think>"
+    opened_by: Literal["model", "template", "service"] = "model"
+    budget: Annotated[int, Meta(ge=0)] | None = None
+
+    @property
+    def closing_text(self) -> str:
+        """What the service appends to close a section whose budget ran out."""
+        return f"\n{self.end}\n\n"
+
 
 class ModelSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     id: Annotated[str, Meta(min_length=1, max_length=256)]
@@ -30,6 +54,8 @@ class ModelSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     max_batch_size: Annotated[int, Meta(ge=1, le=1024)] = 32
     seed: int = 0  # weights of tiny-random
     max_queue_depth: Annotated[int, Meta(ge=0)] | None = None  # overrides LMSP_MAX_QUEUE_DEPTH (0: no limit)
+    chat_template: str | None = None  # replaces the tokenizer's chat template
+    reasoning: ReasoningFormat | None = None  # a reasoning model: its output starts with a reasoning item
 
     def has(self, capability: Capability) -> bool:
         return capability in self.capabilities

@@ -31,6 +31,8 @@ class ModelCard(msgspec.Struct, frozen=True, kw_only=True):
     eos_token: str | None = None
     # token ids that end generation
     stop_token_ids: list[int]
+    # text appended to every rendered prompt (a reasoning section the service opens itself)
+    prompt_suffix: str = ""
 
 
 def card_digest(card: ModelCard) -> str:
@@ -86,15 +88,21 @@ def to_messages(items: Sequence[wire.InputItem], native_tools: bool = False) -> 
     """LMSP input items as the chat-message dicts that chat templates expect.
 
     Consecutive function calls become one assistant turn; a function call's output becomes a
-    ``tool`` message. Reasoning items are dropped (templates drop earlier turns' reasoning).
+    ``tool`` message. The summaries of reasoning items become the ``reasoning_content`` of the
+    assistant turn that follows them (the key Qwen3-style templates read; templates that do not
+    read it drop the reasoning); reasoning that no assistant turn follows is dropped.
     """
     messages: list[dict[str, Any]] = []
+    reasoning: list[str] = []
     for item in items:
+        if isinstance(item, wire.Reasoning):
+            reasoning += [part.text for part in item.summary]
+            continue
         if isinstance(item, wire.Message):
             messages.append({"role": item.role, "content": message_text(item.content)})
         elif isinstance(item, wire.FunctionCall):
             last = messages[-1] if messages else None
-            if last is None or last["role"] != "assistant" or not last.get("_calls"):
+            if reasoning or last is None or last["role"] != "assistant" or not last.get("_calls"):
                 last = {"role": "assistant", "content": "", "_calls": True}
                 messages.append(last)
             if native_tools:
@@ -103,6 +111,9 @@ def to_messages(items: Sequence[wire.InputItem], native_tools: bool = False) -> 
                 last["content"] += ("\n" if last["content"] else "") + _call_text(item)
         elif isinstance(item, wire.FunctionCallOutput):
             messages.append({"role": "tool", "tool_call_id": item.call_id, "content": item.output})
+        if reasoning and messages[-1]["role"] == "assistant":
+            messages[-1]["reasoning_content"] = "\n\n".join(reasoning)
+        reasoning = []
     for message in messages:
         message.pop("_calls", None)
     return messages
@@ -155,7 +166,7 @@ class PromptRenderer:
             bos_token=self.card.bos_token or "",
             eos_token=self.card.eos_token or "",
             **context,
-        )
+        ) + self.card.prompt_suffix
 
     def encode(self, text: str) -> list[int]:
         ids: list[int] = self.tokenizer.encode(text, add_special_tokens=False).ids

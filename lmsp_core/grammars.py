@@ -18,6 +18,7 @@ from typing import Any
 import llguidance
 
 from lmsp_core import wire
+from lmsp_core.catalog import ReasoningFormat
 
 CALL_OPEN = "<tool_call>"
 CALL_CLOSE = "</tool_call>"
@@ -72,21 +73,43 @@ def _json_lark(schema: dict[str, Any]) -> str:
     return f"%json {json.dumps({**schema, 'x-guidance': options})}"
 
 
-def generation_grammar(request: wire.ResponseRequest, parallel_calls: bool = False) -> str | None:
+def generation_grammar(request: wire.ResponseRequest, parallel_calls: bool = False,
+                       reasoning: ReasoningFormat | None = None) -> str | None:
     """The llguidance grammar the output must follow, or None when it is free text.
 
     A response makes one call unless ``parallel_calls``: small models that were not trained for tools
-    otherwise repeat the same call until the token budget runs out."""
+    otherwise repeat the same call until the token budget runs out. For a reasoning model the
+    grammar starts with the reasoning section (free text up to the first end marker, then optional
+    whitespace), so the answer's grammar applies after it only."""
+    if reasoning is None:
+        answer = _answer_lark(request, parallel_calls, "start", after_reasoning=False)
+        return None if answer is None else llguidance.LLMatcher.grammar_from_lark(answer)
+    answer = _answer_lark(request, parallel_calls, "reply", after_reasoning=True)
+    return None if answer is None else llguidance.LLMatcher.grammar_from_lark(answer + _reasoning_lark(reasoning))
+
+
+def _reasoning_lark(reasoning: ReasoningFormat) -> str:
+    section = f"think[suffix={json.dumps(reasoning.end)}]: /(?s:.*)/\nAFTER_THINK: /[ \\t\\r\\n]*/\n"
+    if reasoning.opened_by == "model":  # the model may open a section first (after whitespace), or not
+        return f"start: (/[ \\t\\r\\n]*/ {json.dumps(reasoning.start)} think AFTER_THINK)? reply\n" + section
+    return "start: think AFTER_THINK reply\n" + section
+
+
+def _answer_lark(request: wire.ResponseRequest, parallel_calls: bool, rule: str, after_reasoning: bool) -> str | None:
+    """The answer's grammar in lark (its top rule named ``rule``), or None for free text. After a
+    reasoning section, whitespace before the answer belongs to the section, so free text must not
+    start like a call even after whitespace (the output assembler sees the answer without it)."""
     choice = request.tool_choice or "auto"
     schema = request.response_format.json_schema.schema if isinstance(
         request.response_format, wire.JsonSchemaFormat) else None
-    text = f"TEXT: /(.|\\n)*/ & ~/{CALL_OPEN}(.|\\n)*/\n"  # any text that does not start like a call
+    lead = "[ \\t\\r\\n]*" if after_reasoning else ""
+    text = f"TEXT: /(.|\\n)*/ & ~/{lead}{CALL_OPEN}(.|\\n)*/\n"  # any text that does not start like a call
     if schema is not None and (not request.tools or choice == "none"):
-        return llguidance.LLMatcher.grammar_from_lark(f"start: body\nbody: {_json_lark(closed(schema))}\n")
+        return f"{rule}: body\nbody: {_json_lark(closed(schema))}\n"
     if not request.tools:
         return None
     if choice == "none":  # the tools are in the prompt, but the output must not be a call
-        return llguidance.LLMatcher.grammar_from_lark("start: TEXT\n" + text)
+        return f"{rule}: TEXT\n" + text
     tools = request.tools
     if isinstance(choice, wire.NamedToolChoice):
         tools = [tool for tool in tools if tool.name == choice.name]
@@ -94,11 +117,10 @@ def generation_grammar(request: wire.ResponseRequest, parallel_calls: bool = Fal
     calls = (f'calls: call{repeat}\ncall: "{CALL_OPEN}" body "{CALL_CLOSE}"\n'
              f"body: {_json_lark(call_schema(tools))}\n")
     if choice != "auto":  # "required" or a named function: the output is calls only
-        return llguidance.LLMatcher.grammar_from_lark("start: calls\n" + calls)
+        return f"{rule}: calls\n" + calls
     if schema is not None:  # a call, or the structured answer
-        return llguidance.LLMatcher.grammar_from_lark(
-            f"start: calls | answer\nanswer: {_json_lark(closed(schema))}\n" + calls)
-    return llguidance.LLMatcher.grammar_from_lark("start: calls | TEXT\n" + text + calls)
+        return f"{rule}: calls | answer\nanswer: {_json_lark(closed(schema))}\n" + calls
+    return f"{rule}: calls | TEXT\n" + text + calls
 
 
 def grammar_error(grammar: str) -> str | None:

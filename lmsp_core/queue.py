@@ -1,22 +1,42 @@
 """The job queue: one arq queue per model; a job carries only the task id.
 
+A queue is a sorted set that workers read in score order. A job's score is its task's creation
+time (ms) moved into the past by its priority: ``high`` by two ``LMSP_PRIORITY_STEP``s, ``normal``
+by one, ``low`` not at all. So a high-priority request starts before lower ones created up to that
+long before it, and a waiting task ages: once it has waited longer than the difference, it comes
+before new work of every priority (docs/protocol.md, "Priorities").
+
 Delivery is at least once: arq may run a job twice (a worker restart, a lapsed lease), so the
 job's first step is an atomic claim on the task record (see ``tasks.TaskStore.claim``).
 After each enqueue a message on the model's wake channel lets idle workers poll at once instead
 of after their poll delay.
 """
 
+from datetime import UTC, datetime, timedelta
+
 from arq.connections import ArqRedis
 from arq.constants import job_key_prefix
 from redis.asyncio import Redis
 
 from lmsp_core import keys
+from lmsp_core.extensions import Priority
 
 GENERATE = "generate"
+JOB_EXPIRY = timedelta(days=1)  # arq's default; set explicitly, since arq shortens it for past scores
+
+_STEPS: dict[Priority, int] = {"high": 2, "normal": 1, "low": 0}
 
 
-async def enqueue(pool: ArqRedis, task_id: str, model_id: str, *, job_id: str | None = None) -> None:
-    await pool.enqueue_job(GENERATE, task_id, _job_id=job_id or task_id, _queue_name=keys.queue(model_id))
+def score(created_at: float, priority: Priority, step: float) -> datetime:
+    """When the job counts as queued: its creation time moved into the past by its priority."""
+    return datetime.fromtimestamp(created_at - _STEPS[priority] * step, tz=UTC)
+
+
+async def enqueue(pool: ArqRedis, task_id: str, model_id: str, *, job_id: str | None = None,
+                  queued_at: datetime | None = None) -> None:
+    """Add the task's job to its model's queue (``queued_at``: its place, see ``score``; default now)."""
+    await pool.enqueue_job(GENERATE, task_id, _job_id=job_id or task_id, _queue_name=keys.queue(model_id),
+                           _defer_until=queued_at, _expires=JOB_EXPIRY)
     await pool.publish(keys.wake_channel(model_id), task_id)
 
 

@@ -58,6 +58,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     stream_lease: Seconds = 30.0
     # queued tasks per model before new work gets 503 server_busy (a model spec may override it)
     max_queue_depth: Count = 1000
+    # priorities (docs/protocol.md, "Priorities"): a normal task is queued as if it had been created
+    # this long before a low one, a high one twice this long
+    priority_step: Annotated[float, Meta(ge=0)] = 300.0
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     log_json: bool = False
 

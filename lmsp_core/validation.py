@@ -7,7 +7,7 @@ them again before it generates, since a queued request may meet a differently co
 import re
 from collections.abc import Sequence
 
-from lmsp_core import grammars, wire
+from lmsp_core import extensions, grammars, wire
 from lmsp_core.catalog import ModelSpec
 from lmsp_core.errors import ContextLengthExceeded, InvalidRequest, LimitExceeded, UnsupportedCapability
 from lmsp_core.settings import Settings
@@ -24,6 +24,7 @@ def check_request(request: wire.ResponseRequest, spec: ModelSpec,
     _check_tools(request)
     _check_calls(request.input if items is None else items)
     _check_response_format(request)
+    extensions.parse(request.extensions)
     if request.max_output_tokens is not None and request.max_output_tokens > spec.max_output_tokens:
         raise InvalidRequest(
             f"max_output_tokens is {request.max_output_tokens}; model {spec.id!r} allows at most "

@@ -122,6 +122,11 @@ class NamedToolChoice(_In, tag="function", frozen=True):
 
 ToolChoice = Literal["auto", "none", "required"] | NamedToolChoice
 
+# extension names and values are checked by lmsp_core.extensions; the names' size bounds the
+# LMSP-Ignored-Extensions header that reports unknown ones
+ExtensionName = Annotated[str, Meta(min_length=1, max_length=128)]
+ExtensionMap = Annotated[dict[ExtensionName, Any], Meta(max_length=64)]
+
 
 class ResponseRequest(Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
     """Body of ``POST /lmsp/v1/responses`` and ``POST /lmsp/v1/tasks`` (6.1)."""
@@ -136,7 +141,7 @@ class ResponseRequest(Struct, forbid_unknown_fields=True, frozen=True, kw_only=T
     tool_choice: ToolChoice | None = None
     store: bool = False
     previous_response_id: ObjectId | None = None
-    extensions: dict[str, Any] | None = None
+    extensions: ExtensionMap | None = None
 
 
 # --- problems ----------------------------------------------------------------------------------
@@ -191,10 +196,16 @@ OutputItem = OutputMessage | OutputFunctionCall | OutputReasoning
 ResponseStatus = Literal["in_progress", "completed", "incomplete", "failed", "cancelled"]
 
 
-class Usage(Struct, frozen=True, kw_only=True):
+class OutputTokensDetails(Struct, frozen=True, kw_only=True):
+    reasoning_tokens: int
+
+
+class Usage(Struct, frozen=True, kw_only=True, omit_defaults=True):
     input_tokens: int
-    output_tokens: int
+    output_tokens: int  # reasoning tokens included
     total_tokens: int
+    # only for models with a reasoning format (not part of LMSP 1.0; clients ignore unknown fields)
+    output_tokens_details: OutputTokensDetails | None = None
 
 
 class IncompleteDetails(Struct, frozen=True, kw_only=True):
@@ -230,6 +241,14 @@ class OutputItemAdded(Struct, frozen=True, kw_only=True):
 
 
 class OutputTextDelta(Struct, frozen=True, kw_only=True):
+    response_id: str
+    item_id: str
+    delta: str
+
+
+class ReasoningSummaryTextDelta(Struct, frozen=True, kw_only=True):
+    """Extra event (6.3 allows them): text appended to the summary of a reasoning item."""
+
     response_id: str
     item_id: str
     delta: str
@@ -280,6 +299,7 @@ class TaskQueued(Struct, frozen=True, kw_only=True):
 CREATED = "response.created"
 ITEM_ADDED = "response.output_item.added"
 TEXT_DELTA = "response.output_text.delta"
+REASONING_DELTA = "response.reasoning_summary_text.delta"
 ITEM_DONE = "response.output_item.done"
 COMPLETED = "response.completed"
 INCOMPLETE = "response.incomplete"

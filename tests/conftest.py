@@ -18,6 +18,19 @@ import redis.asyncio as aioredis
 
 from tests.support import SECURE_CORS_ORIGIN, Api, RedisServer, TokenFactory, Worker
 
+# ChatML whose generation prompt opens a reasoning section (as DeepSeek-R1's does), and which renders
+# the reasoning of an assistant turn that has some (as Qwen3's does for the current turn)
+REASONING_TEMPLATE = (
+    "{% for message in messages %}"
+    "{% if message['role'] == 'assistant' and message.get('reasoning_content') %}"
+    "{{ '<|im_start|>assistant\\n<think>\\n' + message['reasoning_content'] + '\\n</think>\\n\\n'"
+    " + message['content'] + '<|im_end|>\\n' }}"
+    "{% else %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n<think>\\n' }}{% endif %}"
+)
+REASONING_BUDGET = 16
+
 # models only the tests use; "tiny-unserved" never gets a worker
 TEST_MODELS: list[dict[str, Any]] = [
     {"id": "tiny-unserved", "source": "tiny-random", "context_window": 2048, "max_output_tokens": 1024,
@@ -28,6 +41,13 @@ TEST_MODELS: list[dict[str, Any]] = [
     # never gets a worker; its queue holds at most two tasks (see test_limits.py)
     {"id": "tiny-queue", "source": "tiny-random", "context_window": 2048, "max_output_tokens": 1024,
      "capabilities": ["streaming"], "max_queue_depth": 2},
+    # served by ``variant_worker``: a reasoning model whose budget closes the section (random
+    # weights never do), and a model that runs one task at a time (see test_priority.py)
+    {"id": "tiny-reasoning", "source": "tiny-random", "context_window": 2048, "max_output_tokens": 1024,
+     "capabilities": ["streaming", "tools", "structured_output"], "chat_template": REASONING_TEMPLATE,
+     "reasoning": {"opened_by": "template", "budget": REASONING_BUDGET}},
+    {"id": "tiny-serial", "source": "tiny-random", "context_window": 8192, "max_output_tokens": 8000,
+     "capabilities": ["streaming"], "max_batch_size": 1},
 ]
 
 
@@ -51,6 +71,17 @@ def redis_server() -> Iterator[RedisServer]:
 @pytest_asyncio.fixture(scope="session")
 async def tiny_worker(redis_server: RedisServer, models_file: str) -> AsyncIterator[Worker]:
     worker = Worker(redis_server.url, ["tiny-random"], models_file=models_file)
+    worker.start()
+    try:
+        yield await worker.ready()
+    finally:
+        worker.stop()
+
+
+@pytest_asyncio.fixture(scope="session")
+async def variant_worker(redis_server: RedisServer, models_file: str) -> AsyncIterator[Worker]:
+    """One more worker, started by the first test that needs it, for the test-only model variants."""
+    worker = Worker(redis_server.url, ["tiny-reasoning", "tiny-serial"], models_file=models_file)
     worker.start()
     try:
         yield await worker.ready()

@@ -14,7 +14,7 @@ from workers import loader
 
 def test_renderer_matches_transformers_for_smollm2() -> None:
     tokenizer = AutoTokenizer.from_pretrained(loader.converted_gguf(SMOLLM2, Path(load_settings().model_cache)))
-    card = loader.make_card(SMOLLM2.id, tokenizer, tokenizer.eos_token_id)
+    card = loader.make_card(SMOLLM2, tokenizer, tokenizer.eos_token_id)
     items = msgspec.convert([
         {"type": "message", "role": "system", "content": [{"type": "input_text", "text": "Be brief."}]},
         {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Héllo 😀 "},

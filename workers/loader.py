@@ -23,6 +23,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, Llama
 
 from lmsp_core.catalog import SMOLLM2, ModelSpec
 from lmsp_core.chat import ModelCard
+from workers.reasoning import closing_tokens
 
 logger = logging.getLogger(__name__)
 
@@ -63,21 +64,26 @@ def load(spec: ModelSpec, cache_dir: Path) -> LoadedModel:
         raise ValueError(f"model {spec.id!r}: unknown source {spec.source!r}")
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
     tokenizer = AutoTokenizer.from_pretrained(path)
-    return LoadedModel(spec, model, make_card(spec.id, tokenizer, model.generation_config.eos_token_id), device)
+    return LoadedModel(spec, model, make_card(spec, tokenizer, model.generation_config.eos_token_id), device)
 
 
-def make_card(model_id: str, tokenizer: Any, eos_token_id: int | list[int] | None) -> ModelCard:
-    """The card of a model: its tokenizer, chat template and the token ids that end generation."""
+def make_card(spec: ModelSpec, tokenizer: Any, eos_token_id: int | list[int] | None) -> ModelCard:
+    """The card of a model: its tokenizer, chat template (the spec's, if it has one) and the token
+    ids that end generation; for a reasoning section the service opens, the text it appends."""
     stop_ids = {tokenizer.eos_token_id}
     stop_ids.update(eos_token_id if isinstance(eos_token_id, list) else [eos_token_id])
-    return ModelCard(
-        model_id=model_id,
-        chat_template=tokenizer.chat_template,
+    card = ModelCard(
+        model_id=spec.id,
+        chat_template=spec.chat_template or tokenizer.chat_template,
         tokenizer_json=tokenizer.backend_tokenizer.to_str(),
         bos_token=tokenizer.bos_token,
         eos_token=tokenizer.eos_token,
         stop_token_ids=sorted(i for i in stop_ids if i is not None),
+        prompt_suffix=f"{spec.reasoning.start}\n" if spec.reasoning and spec.reasoning.opened_by == "service" else "",
     )
+    if spec.reasoning is not None:  # refuse to start with markers the output parser could not see
+        closing_tokens(tokenizer.backend_tokenizer, spec.reasoning)
+    return card
 
 
 def _slug(model_id: str) -> str:
@@ -143,4 +149,4 @@ def _tiny_random(spec: ModelSpec, cache_dir: Path, device: torch.device, dtype: 
         model = LlamaForCausalLM(config)
     model = model.to(device=device, dtype=dtype).eval()
     model.generation_config.eos_token_id = tokenizer.eos_token_id
-    return LoadedModel(spec, model, make_card(spec.id, tokenizer, tokenizer.eos_token_id), device)
+    return LoadedModel(spec, model, make_card(spec, tokenizer, tokenizer.eos_token_id), device)

@@ -1,9 +1,11 @@
 """Decoded text -> LMSP output items and their events.
 
-The text of a response is either a message (free text, or JSON under ``json_schema``) or a series
-of tool calls in the service's call format (``lmsp_core.grammars``). With ``tool_choice: auto`` the
-first characters decide: the grammar forbids text that starts like a call, so a text that begins
-with a prefix of the call tag is held back until it is clearly one or the other.
+A reasoning model's output may start with a ``reasoning`` item, whose summary text streams as
+``response.reasoning_summary_text.delta`` events. The answer's text is either a message (free
+text, or JSON under ``json_schema``) or a series of tool calls in the service's call format
+(``lmsp_core.grammars``). With ``tool_choice: auto`` the first characters decide: the grammar
+forbids text that starts like a call, so a text that begins with a prefix of the call tag is held
+back until it is clearly one or the other.
 """
 
 import json
@@ -26,6 +28,8 @@ class OutputAssembler:
         self.items: list[wire.OutputItem] = []
         self._message: wire.OutputMessage | None = None
         self._text: list[str] = []
+        self._reasoning: wire.OutputReasoning | None = None
+        self._summary: list[str] = []
         self._pending = ""  # text not yet turned into events (an undecided prefix, an unfinished call)
 
     def start(self) -> None:
@@ -52,8 +56,33 @@ class OutputAssembler:
                 return
         self._take_calls()
 
+    def open_reasoning(self) -> None:
+        item_id, _ = self._next_id(ids.REASONING)
+        self._reasoning = wire.OutputReasoning(id=item_id)
+        self.items.append(self._reasoning)
+        self.emit(wire.ITEM_ADDED, wire.OutputItemAdded(response_id=self.response_id,
+                                                        output_index=len(self.items) - 1, item=self._reasoning))
+
+    def add_reasoning(self, text: str) -> None:
+        assert self._reasoning is not None
+        self._summary.append(text)
+        self.emit(wire.REASONING_DELTA, wire.ReasoningSummaryTextDelta(
+            response_id=self.response_id, item_id=self._reasoning.id, delta=text))
+
+    def close_reasoning(self) -> None:
+        if self._reasoning is None:
+            return
+        text = "".join(self._summary)
+        item = wire.OutputReasoning(id=self._reasoning.id,
+                                    summary=[wire.SummaryTextPart(text=text)] if text else [])
+        index = self.items.index(self._reasoning)
+        self.items[index] = item
+        self.emit(wire.ITEM_DONE, wire.OutputItemDone(response_id=self.response_id, output_index=index, item=item))
+        self._reasoning = None
+
     def finish(self) -> list[wire.OutputItem]:
-        """Close the open message; an unfinished call (the token budget ran out) is dropped."""
+        """Close the open items; an unfinished call (the token budget ran out) is dropped."""
+        self.close_reasoning()
         if self._message is not None:
             item = wire.OutputMessage(id=self._message.id, content=[wire.OutputTextPart(text="".join(self._text))])
             self.items[-1] = item

@@ -4,6 +4,11 @@ arq sleeps ``poll_delay`` between polls, which would add up to that delay to eve
 to first token. Here each model's arq worker waits on an asyncio event instead: set by a
 pub/sub message that the API publishes after each enqueue, and when a job of ours finishes (a
 slot is free). A slow fallback poll covers lost messages (pub/sub is at most once).
+
+Jobs start in the order of their queue scores (priorities, see ``lmsp_core.queue``): a poll starts
+jobs only while this worker has free slots, and the next poll reads the queue afresh, where arq
+would wait for a slot and then start the next job of the list it read earlier, ahead of anything
+queued meanwhile with a better score.
 """
 
 import asyncio
@@ -32,6 +37,16 @@ class WakeableWorker(Worker):
             await asyncio.wait_for(self.wake.wait(), FALLBACK_POLL)
         self.wake.clear()
         await super()._poll_iteration()
+
+    async def start_jobs(self, job_ids: list[bytes]) -> None:
+        for job_id in job_ids:
+            if self.job_counter >= self.max_jobs:
+                return  # no free slot: the next poll reads the queue again, in score order
+            await super().start_jobs([job_id])
+
+    def _release_sem_dec_counter_on_complete(self) -> None:
+        super()._release_sem_dec_counter_on_complete()
+        self.wake.set()  # a slot is free: take the best queued job now
 
 
 async def listen_for_wakes(redis: Redis, wakes: dict[str, asyncio.Event]) -> None:

@@ -18,7 +18,7 @@ import llguidance
 import msgspec
 from redis.asyncio import Redis
 
-from lmsp_core import eventlog, grammars, keys, metrics, wire
+from lmsp_core import eventlog, extensions, grammars, keys, metrics, wire
 from lmsp_core.catalog import ModelSpec
 from lmsp_core.chat import PromptRenderer
 from lmsp_core.errors import GenerationFailed, LmspError
@@ -29,8 +29,9 @@ from workers import engine as eng
 from workers.engine import Engine, Sequence
 from workers.grammar import GrammarConstraint
 from workers.output import Mode, OutputAssembler
-from workers.sampling import RowSampler, SamplingParams
-from workers.textstream import TextStream
+from workers.pipeline import OutputPipeline
+from workers.reasoning import ReasoningConstraint, closing_tokens
+from workers.sampling import LogitsConstraint, RowSampler, SamplingParams
 from workers.writer import EventWriter, Final, unpack_tokens
 
 logger = logging.getLogger(__name__)
@@ -94,8 +95,9 @@ class TaskRun:
         self.outcome: str | None = None
         self._generation_done = asyncio.Event()
         self._durable = asyncio.Event()
-        self._text = TextStream(runtime.renderer.tokenizer)
         self._output = OutputAssembler(record.response_id, self._emit, output_mode(self.request))
+        self._ext = extensions.Extensions()
+        self._pipeline = OutputPipeline(runtime.renderer.tokenizer, self._output)
         self._input_tokens = 0
         self._recorder = recorder or metrics.Recorder()
         self._meter: metrics.TokenMeter | None = None
@@ -157,40 +159,59 @@ class TaskRun:
         await self.writer.settled(self.task_id)
         self.writer.close(self.task_id)
 
-    def _prepare(self, history: History) -> tuple[list[int], int, GrammarConstraint | None]:
-        """Prompt, token budget and grammar (compiling one can take a while: off the event loop)."""
+    def _prepare(self, history: History) -> tuple[list[int], int, LogitsConstraint | None]:
+        """Prompt, token budget and constraint (compiling a grammar can take a while: off the event loop)."""
         spec = self.runtime.spec
         items = self.record.input_items(self.request)
         check_request(self.request, spec, items)
+        self._ext = extensions.parse(self.request.extensions)
+        self._pipeline = OutputPipeline(self.runtime.renderer.tokenizer, self._output, spec.reasoning, self._ext.stop)
         prompt = self.runtime.renderer.prompt_ids(self.request, items)
         budget = output_budget(self.request, spec, len(prompt))
-        grammar = grammars.generation_grammar(self.request)
-        if grammar is None:
-            return prompt, budget, None
-        try:
-            return prompt, budget, GrammarConstraint(self.runtime.grammar_tokenizer, grammar, history.tokens)
-        except ValueError as exc:
-            raise GenerationFailed(f"The output grammar could not be applied: {exc}") from exc
+        return prompt, budget, self._constraint(grammars.generation_grammar(self.request, reasoning=spec.reasoning),
+                                                history.tokens)
 
-    def _start(self, prompt: list[int], budget: int, constraint: GrammarConstraint | None, history: History) -> None:
+    def _start(self, prompt: list[int], budget: int, constraint: LogitsConstraint | None, history: History) -> None:
         self._input_tokens = len(prompt)
         if history.last_event_id == 0:
             self._emit(wire.CREATED, wire.ResponseCreated(response_id=self.record.response_id))
-            self._output.start()
+            self._pipeline.start()
         else:
             self._replay(history)
         self._meter = self._recorder.meter(self.record.model, self.record.created_at, bool(history.tokens))
-        params = SamplingParams(temperature=self.request.temperature or 0.0)
+        params = SamplingParams(temperature=self.request.temperature or 0.0, top_p=self._ext.top_p or 1.0,
+                                seed=self._ext.seed)
         self.sequence = Sequence(prompt, budget, RowSampler(params, constraint),
                                  self.runtime.renderer.card.stop_token_ids, sink=self, generated=history.tokens)
         self.runtime.engine.submit(self.sequence)
+        if self._pipeline.stopped:  # the stored tokens already end with a stop string
+            self.runtime.engine.stop(self.sequence, eng.STOP)
+
+    def _constraint(self, grammar: str | None, generated: tuple[int, ...]) -> LogitsConstraint | None:
+        """The output grammar and, for a reasoning model, the reasoning budget."""
+        constraint: LogitsConstraint | None = None
+        if grammar is not None:
+            try:
+                constraint = GrammarConstraint(self.runtime.grammar_tokenizer, grammar, generated)
+            except ValueError as exc:
+                raise GenerationFailed(f"The output grammar could not be applied: {exc}") from exc
+        reasoning = self.runtime.spec.reasoning
+        if reasoning is None:
+            return constraint
+        tokenizer = self.runtime.renderer.tokenizer
+        budget = self._ext.reasoning_budget if self._ext.reasoning_budget is not None else reasoning.budget
+        try:
+            closing = closing_tokens(tokenizer, reasoning)
+        except ValueError as exc:
+            raise GenerationFailed(f"The reasoning section cannot be closed: {exc}") from exc
+        return ReasoningConstraint(tokenizer, reasoning, budget, closing, constraint, generated)
 
     def _replay(self, history: History) -> None:
         """Bring decoding and output assembly to where the stored events end, emitting nothing."""
         self._output.known = history.items
         self._output.emit = lambda name, data: None
-        self._output.start()
-        self._output.feed(self._text.replay(history.tokens))
+        self._pipeline.start()
+        self._pipeline.replay(history.tokens)
         self._output.emit = self._emit
 
     # --- engine sink -----------------------------------------------------------------------------
@@ -199,7 +220,9 @@ class TaskRun:
         if self._meter is not None:
             self._meter.token()
         self.writer.tokens(self, [token])
-        self._output.feed(self._text.push(token))
+        self._pipeline.push(token)
+        if self._pipeline.stopped:
+            self.runtime.engine.stop(seq, eng.STOP)
 
     def on_finish(self, seq: Sequence, reason: str, error: BaseException | None) -> None:
         try:
@@ -224,9 +247,12 @@ class TaskRun:
         self.writer.event(self, name, wire.encoder.encode(data))
 
     def _complete(self, seq: Sequence, reason: str) -> None:
-        items = self._output.finish()
+        items = self._pipeline.finish()
+        token_details = None
+        if self.runtime.spec.reasoning is not None:
+            token_details = wire.OutputTokensDetails(reasoning_tokens=self._pipeline.reasoning_tokens)
         usage = wire.Usage(input_tokens=self._input_tokens, output_tokens=len(seq.generated),
-                           total_tokens=self._input_tokens + len(seq.generated))
+                           total_tokens=self._input_tokens + len(seq.generated), output_tokens_details=token_details)
         rid = self.record.response_id
         details = None
         if reason == CANCELLED:

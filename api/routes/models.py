@@ -11,7 +11,8 @@ from lmsp_core.catalog import ModelSpec
 def model_object(spec: ModelSpec, workers: int) -> wire.ModelObject:
     return wire.ModelObject(
         id=spec.id, context_window=spec.context_window, max_output_tokens=spec.max_output_tokens,
-        capabilities=list(spec.capabilities), status="available" if workers else "unavailable", workers=workers,
+        capabilities=[*spec.capabilities, *(["reasoning"] if spec.reasoning else [])],
+        status="available" if workers else "unavailable", workers=workers,
     )
 
 

@@ -21,6 +21,7 @@ from redis.exceptions import RedisError
 
 from api import idempotency
 from api import openapi as doc
+from api.extension_header import ignored_extensions
 from api.idempotency import REPLAYED, IdempotencyKey
 from api.problems import problem_response
 from api.services import Services
@@ -65,7 +66,7 @@ class ResponsesController(Controller):
             if slot is not None:
                 await slot.release()
             raise
-        headers = REPLAYED if repeated else {}
+        headers = {**(REPLAYED if repeated else {}), **ignored_extensions(services, data)}
         if slot is not None:
             return ServerSentEvent(slot.wrap(_direct_stream(services, record, cancel=key is None)), headers=headers)
         if not await _final_or_disconnect(services, record, request.receive):

@@ -17,6 +17,7 @@ from litestar.response import ServerSentEvent, ServerSentEventMessage
 
 from api import idempotency
 from api import openapi as doc
+from api.extension_header import ignored_extensions
 from api.idempotency import REPLAYED, IdempotencyKey
 from api.services import Services
 from api.sse import relay
@@ -53,7 +54,8 @@ class TasksController(Controller):
     ) -> Response[wire.Task]:
         record, repeated = await submit(services, data, kind="task", owner=owner,
                                         idempotency_key=idempotency.parse_key(idempotency_key))
-        headers = {"Location": f"{self.path}/{record.id}", **(REPLAYED if repeated else {})}
+        headers = {"Location": f"{self.path}/{record.id}", **(REPLAYED if repeated else {}),
+                   **ignored_extensions(services, data)}
         return Response(record.to_wire(), status_code=202, headers=headers)
 
     @get(summary="List tasks", opt={"scope": tokens.TASKS_READ},

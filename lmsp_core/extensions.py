@@ -1,0 +1,80 @@
+"""Request extensions (6.1 ``extensions``): the ones this service knows, validated before queueing.
+
+Names carry the ``x-`` prefix of private extensions, so that no later LMSP field or registered
+extension name can mean something else. Unknown names are ignored and reported to the client
+(``LMSP-Ignored-Extensions``); a known name with a bad value is ``400 invalid_extension``.
+See docs/protocol.md, "Extensions".
+"""
+
+from typing import Annotated, Any, Literal
+
+import msgspec
+from msgspec import Meta
+
+from lmsp_core import wire
+from lmsp_core.catalog import ModelSpec
+from lmsp_core.errors import InvalidRequest
+
+SEED = "x-seed"
+TOP_P = "x-top_p"
+STOP = "x-stop"
+PRIORITY = "x-priority"
+REASONING_BUDGET = "x-reasoning_budget"
+
+MAX_STOPS = 4
+MAX_STOP_LENGTH = 64
+
+Priority = Literal["high", "normal", "low"]
+StopString = Annotated[str, Meta(min_length=1, max_length=MAX_STOP_LENGTH)]
+
+_TYPES: dict[str, Any] = {
+    SEED: Annotated[int, Meta(ge=0, le=2**63 - 1)],
+    TOP_P: Annotated[float, Meta(gt=0.0, le=1.0)],
+    STOP: StopString | Annotated[list[StopString], Meta(min_length=1, max_length=MAX_STOPS)],
+    PRIORITY: Priority,
+    REASONING_BUDGET: Annotated[int, Meta(ge=0)],
+}
+_FIELDS = {SEED: "seed", TOP_P: "top_p", STOP: "stop", PRIORITY: "priority", REASONING_BUDGET: "reasoning_budget"}
+KNOWN = frozenset(_TYPES)
+
+
+class Extensions(msgspec.Struct, frozen=True, kw_only=True):
+    """The known extensions of one request; None (or empty) where the request does not set them."""
+
+    seed: int | None = None
+    top_p: float | None = None
+    stop: tuple[str, ...] = ()
+    priority: Priority | None = None
+    reasoning_budget: int | None = None
+
+
+def parse(raw: dict[str, Any] | None) -> Extensions:
+    """The known extensions of ``raw``; raises ``InvalidRequest`` for a bad value of a known one."""
+    values: dict[str, Any] = {}
+    for name, value in (raw or {}).items():
+        if name not in _TYPES:
+            continue
+        try:
+            converted = msgspec.convert(value, _TYPES[name])
+        except msgspec.ValidationError as exc:
+            error = {"message": str(exc), "key": f"extensions.{name}", "source": "body"}
+            raise InvalidRequest(f"Extension {name!r}: {exc}", code="invalid_extension",
+                                 extra={"errors": [error]}) from None
+        if name == STOP:
+            converted = (converted,) if isinstance(converted, str) else tuple(converted)
+        values[_FIELDS[name]] = converted
+    return Extensions(**values)
+
+
+def ignored(request: wire.ResponseRequest, spec: ModelSpec) -> list[str]:
+    """The extension names of the request that have no effect: unknown names, and a reasoning
+    budget for a model without a reasoning format."""
+    names = list(request.extensions or ())
+    return [name for name in names if name not in KNOWN or (name == REASONING_BUDGET and spec.reasoning is None)]
+
+
+def priority(request: wire.ResponseRequest, direct: bool) -> Priority:
+    """The request's priority: ``x-priority``, else ``high`` for direct responses (someone waits on
+    the connection) and ``normal`` for tasks."""
+    chosen = parse(request.extensions).priority
+    return chosen if chosen is not None else ("high" if direct else "normal")

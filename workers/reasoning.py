@@ -44,7 +44,7 @@ class ReasoningParser:
         self.opened = self.state == "reasoning"  # a section opened (at some point)
         self.closed = False
         self._held = ""
-        self._lead = True  # strip whitespace at the start of the section / of the answer after it
+        self._lead = self.opened  # strip whitespace at the start of the section / of the answer after it
 
     def feed(self, text: str) -> list[Segment]:
         if not text:
@@ -71,7 +71,7 @@ class ReasoningParser:
         self._held += text
         rest = self._held.lstrip(WHITESPACE)
         if rest.startswith(self.format.start):
-            self._held, self.state, self.opened = "", "reasoning", True
+            self._held, self.state, self.opened, self._lead = "", "reasoning", True, True
             return [Segment("open"), *self._reasoning(rest[len(self.format.start):])]
         if self.format.start.startswith(rest):
             return []  # may still become the start marker

@@ -9,6 +9,7 @@ from typing import Any
 
 import msgspec
 from litestar import Router
+from litestar.datastructures import ResponseHeader
 from litestar.openapi import OpenAPIConfig
 from litestar.openapi.datastructures import ResponseSpec
 from litestar.openapi.spec import Example
@@ -55,6 +56,9 @@ REQUEST_EXAMPLES = [
         model=MODEL, input=[wire.Message(role="system", content=[wire.InputText(text="Answer briefly.")]),
                             *_user("Write a haiku about queues.")],
         stream=True, temperature=0.7, max_output_tokens=48)),
+    example("With extensions (docs/protocol.md, Extensions)", wire.ResponseRequest(
+        model=MODEL, input=_user("List three colours."), temperature=1.0, max_output_tokens=48,
+        extensions={"x-seed": 42, "x-top_p": 0.9, "x-stop": ["\n\n"], "x-priority": "low"})),
 ]
 
 USAGE = wire.Usage(input_tokens=28, output_tokens=12, total_tokens=40)
@@ -91,6 +95,7 @@ TASK_EVENT_STREAM = _sse([(None, wire.QUEUED, wire.TaskQueued(task_id=TASK_ID, q
 
 _PROBLEMS: dict[str, tuple[int, str, str]] = {
     "invalid_request": (400, "Invalid request", "Object missing required field `model` - at `$`"),
+    "invalid_extension": (400, "Invalid request", "Extension 'x-seed': Expected `int` >= 0"),
     "invalid_cursor": (400, "Invalid request", "Event cursor 'abc' is not a non-negative integer."),
     "context_length_exceeded": (400, "Context length exceeded",
                                 "The prompt (9000 tokens) does not fit the context window of 8192 tokens."),
@@ -129,6 +134,12 @@ def problems(*codes: str) -> dict[int, ResponseSpec]:
                                  description=f"{_STATUS_TEXT[status]}: an RFC 9457 problem document",
                                  generate_examples=False)
             for status, examples in by_status.items()}
+
+
+IGNORED_EXTENSIONS = ResponseHeader(
+    name="LMSP-Ignored-Extensions", documentation_only=True,
+    description="The request's extensions that had no effect (unknown names, or a reasoning budget for a model "
+                "without reasoning), comma-separated and percent-encoded; absent when there are none.")
 
 
 def ok(data_container: Any, description: str, *examples: Example, media_type: str = "application/json"

@@ -42,15 +42,16 @@ class ResponsesController(Controller):
                       "goes away, generation stops (unless it carries an `Idempotency-Key`). For resumable output "
                       "create a task instead. A repeat with the same `Idempotency-Key` and body answers from the "
                       "same generation.",
+          response_headers=[doc.IGNORED_EXTENSIONS],
           responses={
               200: ResponseSpec(data_container=wire.Response, generate_examples=False,
                                 description="The final response (6.2). With `stream: true`: `text/event-stream` "
                                             "(6.3), the events shown for `GET /lmsp/v1/tasks/{task_id}/events` "
                                             "without `task.queued`.",
                                 examples=[doc.example("Completed", doc.RESPONSE)]),
-              **doc.problems("invalid_request", "context_length_exceeded", "model_not_found", "generation_failed",
-                             "service_unavailable", "model_unavailable", "server_busy", "unauthorized",
-                             "insufficient_scope", "idempotency_key_reused", "rate_limited"),
+              **doc.problems("invalid_request", "invalid_extension", "context_length_exceeded", "model_not_found",
+                             "generation_failed", "service_unavailable", "model_unavailable", "server_busy",
+                             "unauthorized", "insufficient_scope", "idempotency_key_reused", "rate_limited"),
           })
     async def create_response(self, request: Request[Any, Any, Any],
                               data: Annotated[wire.ResponseRequest, Body(examples=doc.REQUEST_EXAMPLES)],

@@ -45,9 +45,11 @@ class TasksController(Controller):
                       "body is that of `POST /lmsp/v1/responses` (`stream` is ignored); follow the task at "
                       "`/lmsp/v1/tasks/{id}/events`. A repeat with the same `Idempotency-Key` and body returns the "
                       "same task.",
-          responses={202: _QUEUED, **doc.problems("invalid_request", "context_length_exceeded", "model_not_found",
-                                                  "service_unavailable", "server_busy", "unauthorized",
-                                                  "insufficient_scope", "idempotency_key_reused", "rate_limited")})
+          response_headers=[doc.IGNORED_EXTENSIONS],
+          responses={202: _QUEUED, **doc.problems("invalid_request", "invalid_extension", "context_length_exceeded",
+                                                  "model_not_found", "service_unavailable", "server_busy",
+                                                  "unauthorized", "insufficient_scope", "idempotency_key_reused",
+                                                  "rate_limited")})
     async def create_task(
         self, data: Annotated[wire.ResponseRequest, Body(examples=doc.REQUEST_EXAMPLES)], services: Services,
         owner: str, idempotency_key: IdempotencyKey = None,

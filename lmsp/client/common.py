@@ -31,6 +31,7 @@ EVENT_TYPES: dict[str, type[msgspec.Struct]] = {
     wire.CANCELLED: wire.ResponseCancelled,
     wire.ERROR: wire.ErrorEventData,
     wire.QUEUED: wire.TaskQueued,
+    wire.REASONING_DELTA: wire.ReasoningSummaryTextDelta,
 }
 
 

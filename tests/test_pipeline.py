@@ -180,7 +180,7 @@ def test_grammar_applies_after_the_section() -> None:
     lltokenizer = llguidance.LLTokenizer(card().tokenizer_json, eos_token=card().stop_token_ids)
     for reasoning, text in ((TEMPLATE, "free {text} here</think>\n\n"), (MODEL, "\n<think>free</think>"),
                             (MODEL, "")):
-        grammar = grammars.generation_grammar(request, reasoning)
+        grammar = grammars.generation_grammar(request, reasoning=reasoning)
         assert grammar is not None
         matcher = llguidance.LLMatcher(lltokenizer, grammar, log_level=0)
         assert matcher.consume_tokens(encode(text + '{"n":1}')), (text, matcher.get_error())
@@ -188,7 +188,7 @@ def test_grammar_applies_after_the_section() -> None:
         assert not llguidance.LLMatcher(lltokenizer, grammar, log_level=0).consume_tokens(encode(text + "no json"))
     # the budget's forced tokens follow the grammar, then the grammar decides
     closing = closing_tokens(tokenizer(), TEMPLATE)
-    grammar = grammars.generation_grammar(request, TEMPLATE)
+    grammar = grammars.generation_grammar(request, reasoning=TEMPLATE)
     assert grammar is not None
     constraint = ReasoningConstraint(tokenizer(), TEMPLATE, 2, closing, GrammarConstraint(lltokenizer, grammar))
     for token in [*encode(" a b")[:2], *closing]:

@@ -46,7 +46,7 @@ TEST_MODELS: list[dict[str, Any]] = [
     {"id": "tiny-reasoning", "source": "tiny-random", "context_window": 2048, "max_output_tokens": 1024,
      "capabilities": ["streaming", "tools", "structured_output"], "chat_template": REASONING_TEMPLATE,
      "reasoning": {"opened_by": "template", "budget": REASONING_BUDGET}},
-    {"id": "tiny-serial", "source": "tiny-random", "context_window": 8192, "max_output_tokens": 8000,
+    {"id": "tiny-serial", "source": "tiny-random", "context_window": 32768, "max_output_tokens": 32000,
      "capabilities": ["streaming"], "max_batch_size": 1},
 ]
 

@@ -67,7 +67,7 @@ async def record_of_response(store: TaskStore, redis: aioredis.Redis, response_i
 async def test_high_priority_starts_before_low_priority_queued_earlier(
         client: httpx.AsyncClient, redis: aioredis.Redis) -> None:
     store = TaskStore(redis, load_settings())
-    blocker = await create_task(client, max_output_tokens=8000)
+    blocker = await create_task(client, max_output_tokens=32000)  # cancelled once the others are queued
     await wait_for(lambda: _is(client, blocker, "in_progress"))
     low = [await create_task(client, max_output_tokens=2, extensions={"x-priority": "low"}) for _ in range(10)]
     # a direct response (high priority by default) and a task that asks for it

@@ -3,8 +3,9 @@
 A run renders the prompt, hands a sequence to the model's engine and, as tokens arrive, appends
 the events of 6.3 through the writer: ``response.created``, the output items (messages with their
 text deltas, function calls) and one final event. A run that resumes a task another worker left
-behind replays the stored token checkpoint silently: text decoding, output assembly and the
-grammar are deterministic, so it reaches exactly the state whose events are stored (the tokens and
+behind replays the stored token checkpoint silently: the output pipeline (text decoding, the
+reasoning section, stop strings, output assembly) and the constraints (grammar, reasoning budget)
+are deterministic, so it reaches exactly the state whose events are stored (the tokens and
 the events they caused are written in one atomic append), then continues with the same item ids
 and the next event number.
 """

@@ -159,5 +159,5 @@ def config() -> OpenAPIConfig:
         description="An LMSP 1.0 generation service: responses, resumable tasks, models. Errors are RFC 9457 "
                     "problem documents with a stable `code`; see docs/protocol.md for the decisions the spec "
                     "leaves open.",
-        openapi_router=Router("/schema", route_handlers=[], opt={"public": True}),
+        openapi_router=Router("/schema", route_handlers=[], opt={"public": True}, include_in_schema=False),
     )

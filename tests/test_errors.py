@@ -47,7 +47,7 @@ BAD_BODIES: list[tuple[str, dict[str, Any] | str, int, str]] = [
      body(model="tiny-unserved",
           response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}),
      400, "unsupported_capability"),
-    ("previous_response_id without the capability", body(previous_response_id="resp_x"), 400,
+    ("previous_response_id without the capability", body(model="tiny-unserved", previous_response_id="resp_x"), 400,
      "unsupported_capability"),
     ("max_output_tokens above the model's cap", body(max_output_tokens=5000), 400, "max_output_tokens_too_large"),
     ("prompt plus output beyond the context window", body(text="word " * 1500, max_output_tokens=1000), 400,

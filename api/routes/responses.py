@@ -83,7 +83,7 @@ class ResponsesController(Controller):
          responses={200: ResponseSpec(data_container=wire.Response, generate_examples=False,
                                       description="The stored response (6.2)",
                                       examples=[doc.example("Completed", doc.RESPONSE)]),
-                    **doc.problems("response_not_found", "service_unavailable")})
+                    **doc.problems("invalid_request", "response_not_found", "service_unavailable")})
     async def get_response(self, response_id: str, services: Services, owner: str) -> wire.Response:
         if not ids.is_id(response_id, ids.RESPONSE):
             raise NotFound(f"Response {response_id!r} does not exist.", code="response_not_found")

@@ -25,7 +25,7 @@ def message(event_id: int, name: str, data: bytes) -> ServerSentEventMessage:
 
 
 async def queued_notice(services: Services, record: TaskRecord) -> ServerSentEventMessage | None:
-    position = await queue.queue_position(services.redis, record.id, record.model)
+    position = await queue.queue_position(services.redis, record.id, record.model, record.job)
     if position is None:
         return None
     data = msgspec.json.encode(wire.TaskQueued(task_id=record.id, queue_position=position))

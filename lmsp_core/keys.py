@@ -1,8 +1,11 @@
 """Every Redis key and channel the service uses, in one place.
 
 Keys of one task share the hash tag ``{task_id}`` so that the Lua scripts that touch a task's
-record and its event stream together stay within one slot on Redis Cluster.
+record and its event stream together stay within one slot on Redis Cluster. arq names the keys of
+its jobs itself; the functions at the end only spell them for the reaper.
 """
+
+from arq.constants import in_progress_key_prefix, job_key_prefix, retry_key_prefix
 
 PREFIX = "lmsp"
 
@@ -43,6 +46,13 @@ def owner_tasks(owner: str) -> str:
     Capped in length, expired with the task retention, and entries whose record expired are
     dropped when a listing meets them."""
     return f"{PREFIX}:owner:{owner}:tasks"
+
+
+def active_tasks(model_id: str) -> str:
+    """Sorted set: the model's unfinished tasks, each scored by when a reaper should next look at it
+    (Redis server time, ms). Only an index: the task hash is the truth, and entries of tasks that
+    finished or vanished are dropped when they come due (see ``workers/reaper.py``)."""
+    return f"{PREFIX}:active:{model_id}"
 
 
 def queue(model_id: str) -> str:
@@ -109,3 +119,16 @@ def rate(principal: str) -> str:
 def streams(principal: str) -> str:
     """Sorted set: a principal's open SSE streams (member per stream, score: its lease expiry, ms)."""
     return f"{PREFIX}:streams:{principal}"
+
+
+# --- arq's own keys of a job, spelled here for the reaper, which removes those of a dead job ------
+
+
+def arq_in_progress(job_id: str) -> str:
+    """String (arq's): marks a job as running; set when a worker starts it."""
+    return in_progress_key_prefix + job_id
+
+
+def arq_job_keys(job_id: str) -> list[str]:
+    """arq's keys of a job: its definition, its running marker and its try count."""
+    return [job_key_prefix + job_id, arq_in_progress(job_id), retry_key_prefix + job_id]

@@ -10,12 +10,17 @@ Delivery is at least once: arq may run a job twice (a worker restart, a lapsed l
 job's first step is an atomic claim on the task record (see ``tasks.TaskStore.claim``).
 After each enqueue a message on the model's wake channel lets idle workers poll at once instead
 of after their poll delay.
+
+A task's first job has the task's id; a reaper that finds a task nobody runs gives it a fresh job
+(``<task id>:<n>``, see ``scripts.REQUEUE``) at the same place and removes the old one, which a
+killed worker leaves marked as running until arq's own in-progress expiry (the job time limit plus
+a minute).
 """
 
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 
 from arq.connections import ArqRedis
-from arq.constants import job_key_prefix
 from redis.asyncio import Redis
 
 from lmsp_core import keys
@@ -33,16 +38,42 @@ def score(created_at: float, priority: Priority, step: float) -> datetime:
 
 
 async def enqueue(pool: ArqRedis, task_id: str, model_id: str, *, job_id: str | None = None,
-                  queued_at: datetime | None = None) -> None:
-    """Add the task's job to its model's queue (``queued_at``: its place, see ``score``; default now)."""
-    await pool.enqueue_job(GENERATE, task_id, _job_id=job_id or task_id, _queue_name=keys.queue(model_id),
-                           _defer_until=queued_at, _expires=JOB_EXPIRY)
-    await pool.publish(keys.wake_channel(model_id), task_id)
+                  queued_at: datetime | None = None) -> bool:
+    """Add the task's job to its model's queue (``queued_at``: its place, see ``score``; default now).
+    False when a job with that id exists already (arq deduplicates)."""
+    job = await pool.enqueue_job(GENERATE, task_id, _job_id=job_id or task_id, _queue_name=keys.queue(model_id),
+                                 _defer_until=queued_at, _expires=JOB_EXPIRY)
+    await wake(pool, model_id)
+    return job is not None
 
 
-async def queue_position(pool: ArqRedis, task_id: str, model_id: str) -> int | None:
+async def wake(redis: Redis, model_id: str) -> None:
+    """Tell the model's idle workers to poll now."""
+    await redis.publish(keys.wake_channel(model_id), "")
+
+
+async def pending(pool: ArqRedis, model_id: str, job_ids: Sequence[str]) -> list[bool]:
+    """For each job: whether it waits in the queue, so that a worker will start it (it is queued
+    and not marked as running)."""
+    async with pool.pipeline(transaction=False) as pipe:
+        for job_id in job_ids:
+            pipe.zscore(keys.queue(model_id), job_id)
+            pipe.exists(keys.arq_in_progress(job_id))
+        replies = await pipe.execute()
+    return [score is not None and not running for score, running in zip(replies[::2], replies[1::2], strict=True)]
+
+
+async def drop(pool: ArqRedis, model_id: str, job_id: str) -> None:
+    """Remove a job from the queue and forget it (a job whose worker died)."""
+    async with pool.pipeline(transaction=True) as pipe:
+        pipe.zrem(keys.queue(model_id), job_id)
+        pipe.delete(*keys.arq_job_keys(job_id))
+        await pipe.execute()
+
+
+async def queue_position(pool: ArqRedis, task_id: str, model_id: str, job_id: str | None = None) -> int | None:
     """1-based place of the task's job in its model's queue, or None once it has left it."""
-    rank = await pool.zrank(keys.queue(model_id), task_id)
+    rank = await pool.zrank(keys.queue(model_id), job_id or task_id)
     return None if rank is None else int(rank) + 1
 
 
@@ -50,10 +81,10 @@ async def depth(pool: ArqRedis, model_id: str) -> int:
     return int(await pool.zcard(keys.queue(model_id)))
 
 
-async def withdraw(redis: Redis, task_id: str, model_id: str) -> None:
+async def withdraw(redis: Redis, job_id: str, model_id: str) -> None:
     """Take a cancelled task's job out of its queue, so that it neither counts in the queue depth
     nor waits for a worker to pop it (a model without workers would keep it forever)."""
     async with redis.pipeline(transaction=False) as pipe:
-        pipe.zrem(keys.queue(model_id), task_id)
-        pipe.delete(job_key_prefix + task_id)
+        pipe.zrem(keys.queue(model_id), job_id)
+        pipe.delete(keys.arq_job_keys(job_id)[0])
         await pipe.execute()

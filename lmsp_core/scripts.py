@@ -57,7 +57,7 @@ return {1, redis.call('HEXISTS', KEYS[1], 'cancel')}
 
 # KEYS: task, events, tokens, stored (keys.script_keys)
 # ARGV: lease, lease_ttl_ms, max_attempts, failed_data_json, failed_response_json, error_json,
-#       event_ttl_ms, task_ttl_ms, worker_id
+#       event_ttl_ms, task_ttl_ms, worker_id, job_id (the arq job that claims: see REQUEUE)
 # Returns {'claimed', last_event_id, attempts, cancel_requested}, {'exhausted'}, {'missing'},
 # or {status} when the task is final or held by a live lease.
 CLAIM = (
@@ -77,7 +77,7 @@ if status == 'queued' or (status == 'in_progress' and lease_until < now_ms) then
   end
   if status == 'queued' then redis.call('HSET', KEYS[1], 'started_at', now_ms / 1000) end
   redis.call('HSET', KEYS[1], 'status', 'in_progress', 'lease', ARGV[1], 'lease_until', now_ms + tonumber(ARGV[2]),
-             'worker', ARGV[9])
+             'worker', ARGV[9], 'job', ARGV[10])
   return {'claimed', last, attempts, redis.call('HEXISTS', KEYS[1], 'cancel')}
 end
 return {status}
@@ -123,3 +123,44 @@ redis.call('HSET', KEYS[1], 'lease_until', 0)
 redis.call('HINCRBY', KEYS[1], 'attempts', -1)
 return 1
 """
+
+# KEYS: task.  ARGV: job id prefix.  Gives a task that nobody holds (queued, or in progress with a
+# lapsed lease) a fresh arq job id, ``<prefix>:<n>``, recorded as the task's current job; returns
+# it, or nil when the task is held, final or missing. The caller then enqueues that job.
+REQUEUE = (
+    _NOW_MS
+    + """
+local status = redis.call('HGET', KEYS[1], 'status')
+local lease_until = tonumber(redis.call('HGET', KEYS[1], 'lease_until') or '0')
+if status == 'queued' or (status == 'in_progress' and lease_until < now_ms) then
+  local job = ARGV[1] .. ':' .. redis.call('HINCRBY', KEYS[1], 'requeues', 1)
+  redis.call('HSET', KEYS[1], 'job', job)
+  return job
+end
+return false
+"""
+)
+
+# The index of unfinished tasks (``keys.active_tasks``): one key per script, so these run on
+# Redis Cluster too; the index is kept apart from the task scripts, which touch one task's slot.
+
+# KEYS: index.  ARGV: task id, delay_ms.  Look at the task delay_ms from now (server time).
+INDEX_ADD = (
+    _NOW_MS
+    + """
+redis.call('ZADD', KEYS[1], now_ms + tonumber(ARGV[2]), ARGV[1])
+return 1
+"""
+)
+
+# KEYS: index.  ARGV: limit, hold_ms.  Returns {now_ms, task ids...}: up to ``limit`` entries that are
+# due, each pushed hold_ms ahead so that other reapers skip it while this one looks at it.
+INDEX_TAKE = (
+    _NOW_MS
+    + """
+local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now_ms, 'LIMIT', 0, tonumber(ARGV[1]))
+for _, id in ipairs(due) do redis.call('ZADD', KEYS[1], now_ms + tonumber(ARGV[2]), id) end
+table.insert(due, 1, now_ms)
+return due
+"""
+)

@@ -35,6 +35,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     worker_ttl: Seconds = 10.0
     lease_ttl: Seconds = 10.0
     max_attempts: Annotated[int, Meta(ge=1)] = 3
+    # how often each worker looks for tasks whose worker died (lapsed leases, lost jobs)
+    reaper_interval: Seconds = 1.0
     job_timeout: Seconds = 3600.0
     # on SIGTERM a worker lets running tasks finish this long, then hands the rest back
     shutdown_grace: Annotated[float, Meta(ge=0)] = 5.0

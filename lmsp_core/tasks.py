@@ -4,7 +4,8 @@ A task is the unit of work: the request, its owner, its status and its result. D
 (``POST /responses``) are tasks too; only their lifetime differs. Status moves
 ``queued -> in_progress -> completed | incomplete | failed | cancelled`` (or ``queued -> cancelled``).
 A worker holds a task through a lease (``lease``, ``lease_until``) that it renews while it runs;
-a lapsed lease lets another worker claim the task and resume it.
+a lapsed lease lets another worker claim the task and resume it. Every task is also entered in its
+model's index of unfinished tasks (``taskindex``), where reapers find tasks nobody runs any more.
 """
 
 from typing import Any, Literal
@@ -14,6 +15,7 @@ from redis.asyncio import Redis
 
 from lmsp_core import ids, keys, metrics, queue, scripts, wire
 from lmsp_core.settings import Settings
+from lmsp_core.taskindex import ActiveIndex
 
 Kind = Literal["task", "direct"]
 
@@ -63,6 +65,7 @@ class TaskRecord(msgspec.Struct, frozen=True, kw_only=True):
     attempts: int = 0
     cancel_requested: bool = False
     worker: str | None = None  # the worker that claimed it last
+    job: str | None = None  # the arq job meant to run it (None: the first job, whose id is the task id)
     # the whole input (earlier turns of a conversation + this request's), when it differs from the request's
     context: bytes | None = None
 
@@ -96,7 +99,7 @@ class TaskRecord(msgspec.Struct, frozen=True, kw_only=True):
 
 
 _TEXT_FIELDS = ("id", "model", "owner", "kind", "status", "response_id")
-_OPTIONAL_TEXT_FIELDS = ("worker",)
+_OPTIONAL_TEXT_FIELDS = ("worker", "job")
 _FLOAT_FIELDS = ("created_at", "started_at", "finished_at")
 _INT_FIELDS = ("last_event_id", "attempts")
 
@@ -130,6 +133,8 @@ class TaskStore:
         self._cancel = redis.register_script(scripts.CANCEL)
         self._renew = redis.register_script(scripts.RENEW)
         self._release = redis.register_script(scripts.RELEASE)
+        self._requeue = redis.register_script(scripts.REQUEUE)
+        self.index = ActiveIndex(redis)
 
     @property
     def event_ttl_ms(self) -> int:
@@ -138,6 +143,10 @@ class TaskStore:
     @property
     def task_ttl_ms(self) -> int:
         return int(self.settings.task_retention * 1000)
+
+    @property
+    def lease_ttl_ms(self) -> int:
+        return int(self.settings.lease_ttl * 1000)
 
     @property
     def index_ttl_ms(self) -> int:
@@ -151,6 +160,9 @@ class TaskStore:
         if record.context is not None:
             mapping["context"] = record.context
         async with self.redis.pipeline(transaction=False) as pipe:
+            # a reaper first looks at the task after one lease period: by then its job is queued
+            # (or the API died before queueing it, and the reaper queues it; see docs/reliability.md)
+            await self.index.add(record.model, record.id, self.lease_ttl_ms, pipe=pipe)
             pipe.hset(keys.task(record.id), mapping=mapping)
             if record.kind == "task":  # direct responses are not listed
                 index = keys.owner_tasks(record.owner)
@@ -206,21 +218,23 @@ class TaskStore:
             keys=keys.script_keys(record.id), args=[data, response, self.event_ttl_ms, self.task_ttl_ms]
         )).decode()
         if status == "dequeued":  # only the call that cancelled it counts it
-            await queue.withdraw(self.redis, record.id, record.model)
+            await queue.withdraw(self.redis, record.job or record.id, record.model)
             await metrics.add_now(self.redis, metrics.FINISHED, (record.model, "cancelled"))
             return "cancelled"
         return str(status)
 
-    async def claim(self, record: TaskRecord, worker_id: str, lease: str, failure: wire.Problem) -> Claim:
-        """Take a queued task, or one whose lease has lapsed. After ``max_attempts`` claims the
-        task fails with ``failure`` instead, so a task that kills its worker cannot loop forever."""
+    async def claim(self, record: TaskRecord, worker_id: str, job_id: str, lease: str,
+                    failure: wire.Problem) -> Claim:
+        """Take a queued task, or one whose lease has lapsed, for the arq job ``job_id``. After
+        ``max_attempts`` claims the task fails with ``failure`` instead, so a task that kills its
+        worker cannot loop forever."""
         failed_data = wire.encoder.encode(wire.ResponseFailed(response_id=record.response_id, status="failed",
                                                               error=failure))
         failed_response = wire.encoder.encode(failed_response_object(record, failure))
         result = await self._claim(
             keys=keys.script_keys(record.id),
-            args=[lease, int(self.settings.lease_ttl * 1000), self.settings.max_attempts, failed_data,
-                  failed_response, wire.encoder.encode(failure), self.event_ttl_ms, self.task_ttl_ms, worker_id],
+            args=[lease, self.lease_ttl_ms, self.settings.max_attempts, failed_data, failed_response,
+                  wire.encoder.encode(failure), self.event_ttl_ms, self.task_ttl_ms, worker_id, job_id],
         )
         outcome = result[0].decode()
         if outcome != "claimed":
@@ -231,7 +245,7 @@ class TaskStore:
         """Extend held leases; returns the ids of tasks whose lease is no longer ours."""
         if not leases:
             return set()
-        ttl = int(self.settings.lease_ttl * 1000)
+        ttl = self.lease_ttl_ms
         async with self.redis.pipeline(transaction=False) as pipe:
             for task_id, lease in leases.items():
                 await self._renew(keys=[keys.task(task_id)], args=[lease, ttl], client=pipe)
@@ -242,6 +256,10 @@ class TaskStore:
         """Hand a held task back so that another worker claims it at once."""
         return bool(await self._release(keys=[keys.task(task_id)], args=[lease]))
 
+    async def requeue(self, task_id: str) -> str | None:
+        """A fresh job id for a task that nobody holds (see ``scripts.REQUEUE``), or None."""
+        job = await self._requeue(keys=[keys.task(task_id)], args=[task_id])
+        return None if job is None else str(job.decode())
 
 
 def cancelled_response(record: TaskRecord) -> wire.Response:

@@ -22,6 +22,7 @@ from workers import loader
 from workers.engine import Engine
 from workers.grammar import tokenizer_for
 from workers.queueworker import WakeableWorker, listen_for_wakes
+from workers.reaper import Reaper
 from workers.service import WorkerService
 from workers.taskrun import ModelRuntime
 
@@ -66,7 +67,8 @@ async def serve(settings: Settings, model_ids: list[str]) -> None:
         for model_id, runtime in runtimes.items()
     ]
     duties = [runtime.engine.run() for runtime in runtimes.values()]
-    duties += [service.writer.run(), service.heartbeat(), service.renew_leases(),
+    reaper = Reaper(redis, service.store, settings, runtimes, held_here=service.runs.keys)
+    duties += [service.writer.run(), service.heartbeat(), service.renew_leases(), reaper.run(),
                listen_for_wakes(redis, service.wakes)]
     background = [asyncio.create_task(duty) for duty in duties]
     polling = [asyncio.create_task(worker.main()) for worker in workers]

@@ -9,6 +9,10 @@ Jobs start in the order of their queue scores (priorities, see ``lmsp_core.queue
 jobs only while this worker has free slots, and the next poll reads the queue afresh, where arq
 would wait for a slot and then start the next job of the list it read earlier, ahead of anything
 queued meanwhile with a better score.
+
+arq's poll loop ends on the first Redis error, and a Redis error while it starts a job leaks that
+job's slot; both would leave a worker that looks alive but never takes a job again after Redis
+restarts. ``WakeableWorker`` keeps polling through errors and gives leaked slots back.
 """
 
 import asyncio
@@ -25,24 +29,46 @@ from lmsp_core import keys
 logger = logging.getLogger(__name__)
 
 FALLBACK_POLL = 1.0
+RESUBSCRIBE_DELAY = 0.5
 
 
 class WakeableWorker(Worker):
     def __init__(self, *args: Any, wake: asyncio.Event, **kwargs: Any) -> None:
         super().__init__(*args, poll_delay=0, handle_signals=False, **kwargs)
         self.wake = wake
+        self._failing = False
 
     async def _poll_iteration(self) -> None:
+        # not asyncio.wait_for: on 3.11 it swallows a cancellation that arrives as the event is set,
+        # and the poll loop would outlive the worker's shutdown
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.wake.wait(), FALLBACK_POLL)
+            async with asyncio.timeout(FALLBACK_POLL):
+                await self.wake.wait()
         self.wake.clear()
-        await super()._poll_iteration()
+        try:
+            await super()._poll_iteration()
+        except (RedisError, OSError) as exc:
+            if not self._failing:
+                logger.warning("polling %s failed (%s); retrying", self.queue_name, type(exc).__name__)
+            self._failing = True
+        else:
+            if self._failing:
+                logger.info("polling %s again", self.queue_name)
+            self._failing = False
 
     async def start_jobs(self, job_ids: list[bytes]) -> None:
         for job_id in job_ids:
             if self.job_counter >= self.max_jobs:
                 return  # no free slot: the next poll reads the queue again, in score order
-            await super().start_jobs([job_id])
+            before = self.tasks.get(job_id.decode())
+            try:
+                await super().start_jobs([job_id])
+            except (RedisError, OSError):
+                # arq took a slot for the job before the Redis call that failed and did not start it
+                if self.tasks.get(job_id.decode()) is before:
+                    self.job_counter -= 1
+                    self.sem.release()
+                raise
 
     def _release_sem_dec_counter_on_complete(self) -> None:
         super()._release_sem_dec_counter_on_complete()
@@ -52,16 +78,24 @@ class WakeableWorker(Worker):
 async def listen_for_wakes(redis: Redis, wakes: dict[str, asyncio.Event]) -> None:
     """Set the model's wake event for every message on its wake channel; reconnects forever."""
     channels = {keys.wake_channel(model_id).encode(): event for model_id, event in wakes.items()}
+    failing = False
     while True:
         pubsub = redis.pubsub()
         try:
             await pubsub.subscribe(*channels)
+            if failing:
+                logger.info("wake channel back")
+                for event in wakes.values():
+                    event.set()  # messages sent meanwhile are lost: poll now
+            failing = False
             async for message in pubsub.listen():
                 if message["type"] == "message":
                     channels[message["channel"]].set()
         except (RedisError, OSError) as exc:
-            logger.warning("wake channel lost (%s); resubscribing", type(exc).__name__)
-            await asyncio.sleep(0.5)
+            if not failing:
+                logger.warning("wake channel lost (%s); resubscribing", type(exc).__name__)
+            failing = True
+            await asyncio.sleep(RESUBSCRIBE_DELAY)
         finally:
             with contextlib.suppress(RedisError, OSError):
                 await pubsub.aclose()  # type: ignore[no-untyped-call]

@@ -19,7 +19,7 @@ import msgspec
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from lmsp_core import metrics, registry
+from lmsp_core import metrics, queue, registry
 from lmsp_core.errors import GenerationFailed
 from lmsp_core.settings import Settings
 from lmsp_core.tasks import TaskStore
@@ -27,6 +27,8 @@ from workers.taskrun import ModelRuntime, TaskRun, load_history
 from workers.writer import EventWriter
 
 logger = logging.getLogger(__name__)
+
+HAND_BACK_LIMIT = 5.0  # seconds a stopping worker tries to store a task's last events
 
 
 class WorkerService:
@@ -48,13 +50,9 @@ class WorkerService:
 
     async def generate(self, ctx: dict[str, Any], task_id: str) -> str:
         """The arq job: run one task to its final event (or hand it back when cancelled)."""
-        try:
-            return await self._run_task(task_id)
-        finally:
-            for wake in self.wakes.values():
-                wake.set()  # a slot is free: look for more work now
+        return await self._run_task(task_id, str(ctx["job_id"]))
 
-    async def _run_task(self, task_id: str) -> str:
+    async def _run_task(self, task_id: str, job_id: str) -> str:
         record = await self.store.get(task_id)
         if record is None:
             return "missing"
@@ -66,7 +64,7 @@ class WorkerService:
         failure = GenerationFailed(
             f"The task was given up after {self.settings.max_attempts} attempts: its worker stopped each time.",
             code="worker_lost").problem()
-        claim = await self.store.claim(record, self.info.id, lease, failure)
+        claim = await self.store.claim(record, self.info.id, job_id, lease, failure)
         if claim.outcome == "exhausted":
             self.metrics.count(metrics.FINISHED, (record.model, "failed"))
         if claim.outcome != "claimed":
@@ -79,7 +77,7 @@ class WorkerService:
             history = await load_history(self.redis, task_id, claim.last_event_id)
             return await run.execute(history, claim.cancel_requested)
         except asyncio.CancelledError:
-            await asyncio.shield(self._hand_back(run))
+            await asyncio.shield(self._hand_back(run, record.model))
             raise
         finally:
             self.runs.pop(task_id, None)
@@ -91,12 +89,21 @@ class WorkerService:
         async with self._changed:
             await self._changed.wait_for(lambda: not self.runs)
 
-    async def _hand_back(self, run: TaskRun) -> None:
-        await run.hand_back()
+    async def _hand_back(self, run: TaskRun, model_id: str) -> None:
+        try:
+            async with asyncio.timeout(HAND_BACK_LIMIT):
+                await run.hand_back()
+        except TimeoutError:  # Redis is away: leave the task to a reaper, from what is stored
+            self.writer.close(run.task_id)
+            logger.warning("task %s: could not store its last events; its lease will lapse", run.task_id)
+            return
         try:
             await self.store.release(run.task_id, run.lease)
+            await queue.wake(self.redis, model_id)  # arq keeps the job queued: another worker takes it
         except RedisError:
             logger.warning("task %s: could not release its lease; it will lapse", run.task_id)
+        else:
+            logger.info("task %s: handed back", run.task_id)
 
     # --- background duties ---------------------------------------------------------------------
 

@@ -1,0 +1,125 @@
+"""Helpers of the fault-injection tests: groups of real processes to break, and the checks that a
+task's log survived the break (numbered 1..n without gap or repeat, one final event, the text of an
+uninterrupted run)."""
+
+import asyncio
+import json
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import httpx
+from arq.connections import ArqRedis
+
+from lmsp_core import keys, wire
+from tests.support import Api, RedisServer, SseEvent, Worker, collect, sse_events
+from tests.test_tasks import logged
+
+
+def models_file(specs: list[dict[str, Any]]) -> str:
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as handle:
+        json.dump(specs, handle)
+    return handle.name
+
+
+def tiny(model_id: str, **fields: Any) -> dict[str, Any]:
+    """A model spec with tiny-random's weights (the same seed, so the same greedy text)."""
+    return {"id": model_id, "source": "tiny-random", "context_window": 2048, "max_output_tokens": 1024,
+            "capabilities": ["streaming"]} | fields
+
+
+def text_of(log: list[SseEvent]) -> str:
+    return "".join(e.data["delta"] for e in log if e.event == wire.TEXT_DELTA)
+
+
+def assert_exactly_once(log: list[SseEvent], final: str | None = None) -> None:
+    """Events 1..n, each once, in order; exactly one final event, the last."""
+    assert [e.id for e in log] == list(range(1, len(log) + 1)), [e.id for e in log]
+    names = [e.event for e in log]
+    assert sum(name in wire.FINAL_EVENTS for name in names) == 1, names[-5:]
+    assert names[-1] in wire.FINAL_EVENTS
+    if final is not None:
+        assert names[-1] == final, log[-1]
+    # one message item, whose id every delta carries
+    items = {e.data["item"]["id"] for e in log if e.event == wire.ITEM_ADDED}
+    assert len(items) <= 1 and {e.data["item_id"] for e in log if e.event == wire.TEXT_DELTA} <= items
+
+
+async def wait_for(check: Callable[[], Awaitable[Any]], timeout: float = 60, what: str = "condition") -> Any:
+    """Poll ``check`` until it returns something truthy."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        result = await check()
+        if result:
+            return result
+        await asyncio.sleep(0.05)
+    raise TimeoutError(f"timed out waiting for {what}")
+
+
+class Group:
+    """Real processes around one Redis: API processes and workers, which tests kill and restart."""
+
+    def __init__(self, redis: RedisServer, apis: list[Api], workers: list[Worker]) -> None:
+        self.redis_server = redis
+        self.apis = apis
+        self.workers = workers
+        self.redis = ArqRedis.from_url(redis.url)
+        self.http = httpx.AsyncClient(base_url=apis[0].url, timeout=60)
+
+    @classmethod
+    async def start(cls, redis: RedisServer, apis: list[Api], workers: list[Worker]) -> "Group":
+        for worker in workers:
+            worker.start()
+        for api in apis:
+            api.start()
+        for worker in workers:
+            await worker.ready()
+        return cls(redis, apis, workers)
+
+    async def close(self) -> None:
+        await self.http.aclose()
+        await self.redis.aclose()
+        for process in [*self.apis, *self.workers]:
+            process.stop()
+        self.redis_server.cleanup()
+
+    async def create(self, request: dict[str, Any], client: httpx.AsyncClient | None = None) -> str:
+        response = await (client or self.http).post("/lmsp/v1/tasks", json=request)
+        assert response.status_code == 202, response.text
+        task_id: str = response.json()["id"]
+        return task_id
+
+    async def log(self, task_id: str, after: int = 0, client: httpx.AsyncClient | None = None) -> list[SseEvent]:
+        return logged(await collect(client or self.http, "GET", f"/lmsp/v1/tasks/{task_id}/events?after={after}"))
+
+    async def reference(self, request: dict[str, Any]) -> str:
+        """The text of an uninterrupted run."""
+        log = await self.log(await self.create(request))
+        assert_exactly_once(log)
+        return text_of(log)
+
+    async def field(self, task_id: str, name: str) -> str | None:
+        raw = await self.redis.hget(keys.task(task_id), name)
+        return None if raw is None else str(raw.decode())
+
+    async def attempts(self, task_id: str) -> int:
+        return int(await self.field(task_id, "attempts") or 0)
+
+    def worker_with_id(self, worker_id: str) -> Worker:
+        pid = int(worker_id.rsplit("-", 2)[1])
+        return next(w for w in self.workers if w.process is not None and w.process.pid == pid)
+
+    async def holder(self, task_id: str) -> Worker:
+        worker_id = await self.field(task_id, "worker")
+        assert worker_id is not None
+        return self.worker_with_id(worker_id)
+
+    async def follow_and_act(self, task_id: str, at: int, act: Callable[[], Awaitable[None]]) -> list[SseEvent]:
+        """Follow the task's events to the end, calling ``act`` once event ``at`` arrived."""
+        log: list[SseEvent] = []
+        async for event in sse_events(self.http, "GET", f"/lmsp/v1/tasks/{task_id}/events"):
+            log += logged([event])
+            if event.id == at:
+                await act()
+        return log

@@ -40,6 +40,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     job_timeout: Seconds = 3600.0
     # on SIGTERM a worker lets running tasks finish this long, then hands the rest back
     shutdown_grace: Annotated[float, Meta(ge=0)] = 5.0
+    # CPU threads of a worker's model; 0: one fewer than the machine's cores (at least one), so the
+    # worker's event loop, the API and Redis keep a core: oversubscribed intra-op threads spin and
+    # lose most of their throughput (measured: docs/performance.md)
+    torch_threads: Annotated[int, Meta(ge=0)] = 0
     # security (docs/protocol.md, "Security"): "none" is refused unless the API binds a loopback address
     auth: Literal["tokens", "none"] = "tokens"
     # comma-separated origins allowed by CORS ("*" for any); empty: CORS off

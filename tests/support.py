@@ -122,6 +122,7 @@ def service_env(redis_url: str, **settings: Any) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("LMSP_")}
     env["LMSP_REDIS_URL"] = redis_url
     env["PYTHONUNBUFFERED"] = "1"
+    env["LMSP_TORCH_THREADS"] = "1"  # several workers share 2 cores
     for name, value in settings.items():
         env[f"LMSP_{name.upper()}"] = str(value)
     return env

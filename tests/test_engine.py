@@ -30,6 +30,7 @@ class Collector:
 
 @pytest.fixture(scope="module")
 def tiny() -> loader.LoadedModel:
+    loader.limit_threads(1)  # the test's worker processes share the 2 cores
     return loader.load(TINY_RANDOM, Path(load_settings().model_cache))
 
 

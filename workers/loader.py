@@ -38,6 +38,12 @@ class LoadedModel:
     device: torch.device
 
 
+def limit_threads(threads: int) -> None:
+    """Set torch's CPU threads (0: all cores but one)."""
+    torch.set_num_threads(threads or max(1, (os.cpu_count() or 2) - 1))
+    torch.set_num_interop_threads(1)
+
+
 def pick_device(spec: ModelSpec) -> torch.device:
     if spec.device != "auto":
         return torch.device(spec.device)

@@ -31,6 +31,7 @@ logger = logging.getLogger(__name__)
 
 def run(settings: Settings, model_ids: list[str]) -> None:
     logs.configure(settings.log_level, settings.log_json)
+    loader.limit_threads(settings.torch_threads)
     asyncio.run(serve(settings, model_ids))
 
 

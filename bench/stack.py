@@ -1,0 +1,116 @@
+"""The service under measurement: its own redis-server, one API process and one worker process,
+started on free ports and stopped again; and what the benchmark reads about those processes."""
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import redis
+
+ROOT = Path(__file__).resolve().parent.parent
+TICKS = os.sysconf("SC_CLK_TCK")
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def wait_port(port: int, process: subprocess.Popen[bytes], timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"{process.args!r} exited with {process.returncode}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise TimeoutError(f"nothing listens on port {port}")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / TICKS
+
+
+def rss_bytes(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * PAGE
+
+
+class Stack:
+    """redis-server + ``lmsp api`` + ``lmsp worker`` for the given model specs (the first is served)."""
+
+    def __init__(self, models: list[dict[str, Any]], served: list[str], torch_threads: int) -> None:
+        self.dir = Path(tempfile.mkdtemp(prefix="lmsp-bench-"))
+        self.models_file = self.dir / "models.json"
+        self.models_file.write_text(json.dumps(models))
+        self.served = served
+        self.torch_threads = torch_threads
+        self.redis_port, self.api_port = free_port(), free_port()
+        self.processes: list[subprocess.Popen[bytes]] = []
+
+    @property
+    def redis_url(self) -> str:
+        return f"redis://127.0.0.1:{self.redis_port}/0"
+
+    def _env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("LMSP_")}
+        env.update(LMSP_REDIS_URL=self.redis_url, LMSP_MODELS_FILE=str(self.models_file), LMSP_AUTH="none",
+                   LMSP_RATE_LIMIT="0", LMSP_MAX_STREAMS="0", LMSP_MAX_QUEUE_DEPTH="0", LMSP_LOG_LEVEL="WARNING",
+                   LMSP_TORCH_THREADS=str(self.torch_threads), PYTHONUNBUFFERED="1")
+        return env
+
+    def _spawn(self, args: list[str], log: str) -> subprocess.Popen[bytes]:
+        with open(self.dir / log, "wb") as out:
+            process = subprocess.Popen(args, env=self._env(), stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
+        self.processes.append(process)
+        return process
+
+    def __enter__(self) -> "Stack":
+        binary = shutil.which("redis-server") or "redis-server"
+        self.redis = self._spawn([binary, "--port", str(self.redis_port), "--bind", "127.0.0.1", "--save", "",
+                                  "--appendonly", "no", "--dir", str(self.dir)], "redis.log")
+        wait_port(self.redis_port, self.redis)
+        self.api = self._spawn([sys.executable, "-m", "lmsp.cli", "api", "--port", str(self.api_port)], "api.log")
+        models = [arg for model in self.served for arg in ("--model", model)]
+        self.worker = self._spawn([sys.executable, "-m", "lmsp.cli", "worker", *models], "worker.log")
+        wait_port(self.api_port, self.api)
+        self._wait_worker()
+        return self
+
+    def _wait_worker(self, timeout: float = 300) -> None:
+        client = redis.Redis.from_url(self.redis_url)
+        deadline = time.monotonic() + timeout
+        try:
+            while time.monotonic() < deadline:
+                if self.worker.poll() is not None:
+                    raise RuntimeError(f"the worker exited:\n{(self.dir / 'worker.log').read_text()[-3000:]}")
+                if client.keys("lmsp:worker:*"):
+                    return
+                time.sleep(0.1)
+        finally:
+            client.close()
+        raise TimeoutError("the worker did not start")
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        for process in reversed(self.processes):
+            process.terminate()
+        for process in reversed(self.processes):
+            try:
+                process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                process.kill()
+        shutil.rmtree(self.dir, ignore_errors=True)

@@ -1,0 +1,415 @@
+"""What the service costs on top of the model: throughput, latency, fan-out, resume and storage.
+
+Starts its own redis-server, API and worker, loads the same model in this process as the baseline,
+and prints one table of figures and ratios measured in this run:
+
+1. one stream: tokens/s through HTTP SSE vs in-process ``model.generate`` (same prompt, greedy),
+   and time to first token through the service minus in-process;
+2. 1, 4, 16 and 64 concurrent streams: aggregate tokens/s vs in-process batched ``generate`` of the
+   same requests (and vs ``transformers serve --continuous-batching`` when it is installed);
+3. fan-out: 1,000 SSE readers of one task (this process writes its events through the worker's
+   writer at a steady rate): gaps, write-to-receipt delay p50/p99, API CPU per 1,000 events;
+4. resume: reconnect with Last-Event-ID to the first replayed event, p50/p99;
+5. Redis bytes per stored event, API memory per idle open stream.
+
+    python -m bench.throughput [--model smollm2:135m-instruct] [--tokens 128] [--streams 1 4 16 64]
+                               [--readers 1000] [--quick]
+
+On a GPU it runs as it is; ``--model llama-8b-random`` is the 8B Llama shape with random weights.
+"""
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import redis.asyncio as aioredis
+import torch
+
+from bench import hfserve
+from bench.sse import SseStream
+from bench.stack import Stack, cpu_seconds, rss_bytes
+from lmsp_core import keys, wire
+from lmsp_core.catalog import Catalog
+from lmsp_core.chat import PromptRenderer
+from lmsp_core.settings import Settings, load_settings
+from lmsp_core.tasks import TaskStore
+from workers import loader
+from workers.writer import EventWriter, Final
+
+UNSERVED = "bench-unserved"  # fan-out tasks: queued on a model no worker serves, written by this process
+TOPICS = ["a lighthouse keeper", "a lost violin", "the first winter on Mars", "a clockmaker's apprentice",
+          "a river that ran backwards", "a library at the bottom of the sea", "a robot learning to paint",
+          "two rival bakers"]
+HOST = "127.0.0.1"
+
+
+def prompt_text(i: int) -> str:
+    return f"Write a long story about {TOPICS[i % len(TOPICS)]} (number {i}). Use many details."
+
+
+def user_input(text: str) -> list[dict[str, Any]]:
+    return [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}]
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
+
+
+@dataclass
+class Table:
+    rows: list[tuple[str, str, str, str, str]] = field(default_factory=list)
+
+    def add(self, measure: str, service: str, baseline: str = "", ratio: str = "", target: str = "") -> None:
+        self.rows.append((measure, service, baseline, ratio, target))
+        print(f"  {measure}: {service}  {baseline}  {ratio}", flush=True)
+
+    def render(self) -> str:
+        head = ("measure", "service", "baseline", "ratio", "target")
+        widths = [max(len(row[i]) for row in [head, *self.rows]) for i in range(5)]
+        lines = [" | ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True))
+                 for row in [head, *self.rows]]
+        lines.insert(1, "-+-".join("-" * width for width in widths))
+        return "\n".join(lines)
+
+
+# --- in process ----------------------------------------------------------------------------------
+
+
+class InProcess:
+    """The same model loaded here, driven by plain transformers."""
+
+    def __init__(self, spec: Any, cache: Path) -> None:
+        self.loaded = loader.load(spec, cache)
+        self.renderer = PromptRenderer(self.loaded.card)
+        self.stop_ids = set(self.loaded.card.stop_token_ids)
+
+    def prompt(self, text: str) -> list[int]:
+        request = msgspec.convert({"model": self.loaded.spec.id, "input": user_input(text)}, wire.ResponseRequest)
+        return self.renderer.prompt_ids(request)
+
+    def generate(self, prompts: list[list[int]], max_new: int) -> tuple[int, float]:
+        """Greedy batched generation; (tokens up to each row's first stop token, seconds)."""
+        width = max(len(p) for p in prompts)
+        ids = torch.zeros((len(prompts), width), dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for row, prompt in enumerate(prompts):
+            ids[row, width - len(prompt):] = torch.tensor(prompt)
+            mask[row, width - len(prompt):] = 1
+        device = self.loaded.device
+        self._sync()
+        start = time.perf_counter()
+        with torch.inference_mode():
+            out = self.loaded.model.generate(
+                input_ids=ids.to(device), attention_mask=mask.to(device), max_new_tokens=max_new, do_sample=False,
+                temperature=None, top_p=None, top_k=None, eos_token_id=sorted(self.stop_ids),
+                pad_token_id=self.loaded.card.stop_token_ids[0])
+        self._sync()
+        seconds = time.perf_counter() - start
+        return sum(self._length(row[width:].tolist()) for row in out), seconds
+
+    def _length(self, generated: list[int]) -> int:
+        for i, token in enumerate(generated):
+            if token in self.stop_ids:
+                return i + 1
+        return len(generated)
+
+    def _sync(self) -> None:
+        if self.loaded.device.type == "cuda":
+            torch.cuda.synchronize()
+
+
+# --- through the service --------------------------------------------------------------------------
+
+
+@dataclass
+class StreamResult:
+    ttft: float
+    seconds: float
+    tokens: int
+    gapless: bool
+
+
+async def stream_response(port: int, model: str, text: str, max_tokens: int) -> StreamResult:
+    body = json.dumps({"model": model, "input": user_input(text), "stream": True, "max_output_tokens": max_tokens,
+                       "temperature": 0}).encode()
+    stream = SseStream(HOST, port, "POST", "/lmsp/v1/responses", body)
+    start = time.perf_counter()
+    first = 0.0
+    ids: list[int] = []
+    tokens = 0
+    async for arrived, events in stream.batches():
+        for event in events:
+            if event.id is not None:
+                ids.append(event.id)
+            if event.name == wire.TEXT_DELTA and not first:
+                first = arrived
+            if event.name in wire.FINAL_EVENTS:
+                tokens = json.loads(event.data).get("usage", {}).get("output_tokens", 0)
+    end = time.perf_counter()
+    return StreamResult(first - start, end - start, tokens, ids == list(range(1, len(ids) + 1)))
+
+
+async def concurrent_streams(port: int, model: str, count: int, max_tokens: int) -> tuple[int, float, bool]:
+    start = time.perf_counter()
+    results = await asyncio.gather(*(stream_response(port, model, prompt_text(i), max_tokens) for i in range(count)))
+    seconds = time.perf_counter() - start
+    return sum(r.tokens for r in results), seconds, all(r.gapless for r in results)
+
+
+# --- fan-out, resume ------------------------------------------------------------------------------
+
+
+class BenchRun:
+    """The writer's view of the fan-out task: this process holds its lease."""
+
+    def __init__(self, task_id: str, lease: str) -> None:
+        self.task_id, self.lease = task_id, lease
+        self.done = asyncio.Event()
+
+    def on_cancel_requested(self) -> None: ...
+
+    def on_fenced(self) -> None:
+        raise RuntimeError("the bench lost the fan-out task's lease")
+
+    def on_final_durable(self) -> None:
+        self.done.set()
+
+
+async def create_task(port: int) -> dict[str, Any]:
+    body = json.dumps({"model": UNSERVED, "input": user_input("fan-out")}).encode()
+    reader, writer = await asyncio.open_connection(HOST, port)
+    writer.write(f"POST /lmsp/v1/tasks HTTP/1.1\r\nHost: {HOST}\r\nContent-Type: application/json\r\n"
+                 f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode() + body)
+    raw = await reader.read()
+    writer.close()
+    result: dict[str, Any] = json.loads(raw.partition(b"\r\n\r\n")[2])
+    return result
+
+
+class Follower:
+    def __init__(self, port: int, task_id: str, after: int = 0) -> None:
+        headers = {"Last-Event-ID": str(after)} if after else {}
+        self.stream = SseStream(HOST, port, "GET", f"/lmsp/v1/tasks/{task_id}/events", headers=headers)
+        self.arrivals: dict[int, float] = {}
+        self.ids: list[int] = []
+        self.ready = asyncio.Event()
+
+    async def run(self) -> None:
+        async for arrived, events in self.stream.batches():
+            self.ready.set()
+            for event in events:
+                if event.id is not None:
+                    self.ids.append(event.id)
+                    self.arrivals[event.id] = arrived
+
+
+async def write_events(stack: Stack, settings: Settings, task: dict[str, Any], count: int,
+                       rate: float) -> dict[int, float]:
+    """Claim the task as a worker would and append ``count`` deltas at ``rate`` per second, then the
+    final event; returns when each event number was handed to Redis."""
+    redis = aioredis.Redis.from_url(stack.redis_url)
+    store = TaskStore(redis, settings)
+    record = await store.get(task["id"])
+    assert record is not None
+    lease = "bench/fan-out"
+    claim = await store.claim(record, "bench", "bench-job", lease, wire.Problem(type="about:blank", title="x",
+                                                                                 status=500, code="x", detail="x"))
+    assert claim.outcome == "claimed", claim
+    writer = EventWriter(redis, settings)
+    run = BenchRun(task["id"], lease)
+    writer.open(run, claim.last_event_id, 0)
+    written: dict[int, float] = {}
+    rid = record.response_id
+    item = "msg_bench0000000000000000000000"
+    start = time.perf_counter()
+    for i in range(count + 1):
+        await asyncio.sleep(max(0.0, start + i / rate - time.perf_counter()))
+        written_at = time.perf_counter()
+        if i == 0:
+            number = writer.event(run, wire.CREATED, wire.encoder.encode(wire.ResponseCreated(response_id=rid)))
+        else:
+            delta = wire.OutputTextDelta(response_id=rid, item_id=item, delta=f" word{i}")
+            number = writer.event(run, wire.TEXT_DELTA, wire.encoder.encode(delta))
+        written[number] = written_at
+        await writer.flush()
+    usage = wire.Usage(input_tokens=1, output_tokens=count, total_tokens=count + 1)
+    number = writer.event(run, wire.COMPLETED, wire.encoder.encode(
+        wire.ResponseCompleted(response_id=rid, status="completed", usage=usage)))
+    written[number] = time.perf_counter()
+    response = wire.Response(id=rid, created_at=int(record.created_at), status="completed", model=UNSERVED, output=[],
+                             usage=usage)
+    writer.finalize(run, Final("completed", wire.encoder.encode(response)))
+    await writer.flush()
+    await redis.aclose()
+    return written
+
+
+async def fan_out(stack: Stack, table: Table, readers: int, events: int, rate: float) -> str:
+    settings = Settings(redis_url=stack.redis_url)
+    task = await create_task(stack.api_port)
+    api_pid = stack.api.pid
+    rss_before = rss_bytes(api_pid)
+    followers = [Follower(stack.api_port, task["id"]) for _ in range(readers)]
+    running = []
+    for wave in range(0, readers, 100):
+        for follower in followers[wave:wave + 100]:
+            running.append(asyncio.create_task(follower.run()))
+        await asyncio.gather(*(f.ready.wait() for f in followers[wave:wave + 100]))
+    await asyncio.sleep(1.0)
+    rss_idle = rss_bytes(api_pid)
+    cpu_start = cpu_seconds(api_pid)
+    written = await write_events(stack, settings, task, events, rate)
+    await asyncio.gather(*running)
+    cpu = cpu_seconds(api_pid) - cpu_start
+    delays = [(f.arrivals[n] - written[n]) * 1000 for f in followers for n in written if n in f.arrivals]
+    expected = sorted(written)
+    gapless = sum(f.ids == expected for f in followers)
+    delivered = sum(len(f.ids) for f in followers)
+    table.add(f"fan-out: {readers} readers x {len(expected)} events, gapless", f"{gapless}/{readers}",
+              target=f"{readers}/{readers}")
+    table.add("fan-out: write-to-receipt delay p50 / p99", f"{percentile(delays, 50):.1f} / "
+              f"{percentile(delays, 99):.1f} ms", target="p99 <= 100 ms")
+    table.add("fan-out: API CPU per 1,000 delivered events", f"{cpu / delivered * 1000 * 1000:.1f} ms")
+    table.add("API memory per idle open stream", f"{(rss_idle - rss_before) / readers / 1024:.1f} KiB")
+    return str(task["id"])
+
+
+async def resume(stack: Stack, table: Table, task_id: str, events: int, count: int) -> None:
+    waits = []
+    for _ in range(count):
+        after = random.randint(1, events - 1)
+        follower = Follower(stack.api_port, task_id, after)
+        start = time.perf_counter()
+        async for arrived, batch in follower.stream.batches():
+            if any(e.id == after + 1 for e in batch):
+                waits.append((arrived - start) * 1000)
+                break
+        follower.stream.close()
+    table.add("resume: Last-Event-ID to first replayed event p50 / p99",
+              f"{percentile(waits, 50):.1f} / {percentile(waits, 99):.1f} ms")
+
+
+async def storage(stack: Stack, table: Table) -> None:
+    redis = aioredis.Redis.from_url(stack.redis_url)
+    stream_bytes = checkpoint_bytes = entries = 0
+    async for key in redis.scan_iter(match=keys.events("*")):
+        task_id = key.decode().split("{")[1].split("}")[0]
+        record = await redis.hget(keys.task(task_id), "model")
+        if record is None or record.decode() == UNSERVED:
+            continue  # only tasks the worker generated
+        stream_bytes += await redis.memory_usage(key, samples=0) or 0
+        checkpoint_bytes += await redis.memory_usage(keys.tokens(task_id), samples=0) or 0
+        entries += await redis.xlen(key)
+    await redis.aclose()
+    if entries:
+        table.add("Redis bytes per stored event (event stream)", f"{stream_bytes / entries:.0f} B",
+                  target="<= 150 B")
+        table.add("  with the token checkpoint", f"{(stream_bytes + checkpoint_bytes) / entries:.0f} B")
+
+
+# --- the run --------------------------------------------------------------------------------------
+
+
+def ratio(service: float, baseline: float) -> str:
+    return f"{service / baseline:.2f}" if baseline else "-"
+
+
+async def throughput(args: argparse.Namespace, stack: Stack, local: InProcess, table: Table) -> dict[int, float]:
+    model = args.model
+    rates: dict[int, float] = {}
+    await stream_response(stack.api_port, model, prompt_text(0), 8)  # warm-up
+    local.generate([local.prompt(prompt_text(0))], 8)
+    prompt = local.prompt(prompt_text(0))
+    service_runs, local_runs = [], []
+    for _ in range(args.repeat):  # interleaved, so that a change in machine load hits both alike
+        service_runs.append(await stream_response(stack.api_port, model, prompt_text(0), args.tokens))
+        local_runs.append(local.generate([prompt], args.tokens))
+    service_rate = statistics.median(r.tokens / r.seconds for r in service_runs)
+    local_rate = statistics.median(t / s for t, s in local_runs)
+    table.add("1 stream: tokens/s end to end", f"{service_rate:.1f}", f"{local_rate:.1f} generate",
+              ratio(service_rate, local_rate), ">= 0.95")
+    service_ttft = [r.ttft * 1000 for r in service_runs]
+    local_ttft = [local.generate([prompt], 1)[1] * 1000 for _ in range(args.repeat)]
+    added = statistics.median(service_ttft) - statistics.median(local_ttft)
+    table.add("1 stream: TTFT p50 (service / in-process)", f"{statistics.median(service_ttft):.1f} ms",
+              f"{statistics.median(local_ttft):.1f} ms", f"+{added:.1f} ms", "+<= 10 ms")
+    for count in args.streams:
+        tokens, seconds, gapless = await concurrent_streams(stack.api_port, model, count, args.tokens)
+        prompts = [local.prompt(prompt_text(i)) for i in range(count)]
+        local_tokens, local_seconds = local.generate(prompts, args.tokens)
+        rate, local_rate = tokens / seconds, local_tokens / local_seconds
+        row = f"{count} streams: aggregate tokens/s" + ("" if gapless else " (GAPS!)")
+        table.add(row, f"{rate:.1f}", f"{local_rate:.1f} batched generate", ratio(rate, local_rate),
+                  ">= 0.9" if count == 16 else "")
+        rates[count] = rate
+    return rates
+
+
+async def versus_hf_serve(args: argparse.Namespace, local: InProcess, table: Table, rates: dict[int, float],
+                          cache: Path, threads: int) -> None:
+    """The same concurrent streams through ``transformers serve`` (after ours: never both at once)."""
+    if not hfserve.available():
+        table.add("vs transformers serve --continuous-batching", "not installed (pip install -e .[bench])")
+        return
+    with hfserve.HfServe(local.loaded, cache, threads) as hf:
+        await hf.stream(prompt_text(0), 8)  # warm-up
+        for count, rate in rates.items():
+            theirs = await hf.aggregate([prompt_text(i) for i in range(count)], args.tokens)
+            table.add(f"{count} streams: vs transformers serve --continuous-batching", f"{rate:.1f}",
+                      f"{theirs:.1f} transformers serve", ratio(rate, theirs), "> 1" if count == 16 else "")
+
+
+async def main(args: argparse.Namespace) -> None:
+    settings = load_settings()
+    catalog = Catalog.from_settings(settings)
+    spec = catalog.get(args.model)
+    threads = args.threads or max(1, (os.cpu_count() or 2) - 1)
+    served = msgspec.structs.replace(spec, max_batch_size=max(spec.max_batch_size, *args.streams))
+    unserved = msgspec.structs.replace(spec, id=UNSERVED, source="tiny-random")
+    models = [msgspec.to_builtins(s) for s in (served, unserved)]
+    loader.limit_threads(threads)
+    local = InProcess(spec, Path(settings.model_cache))
+    table = Table()
+    with Stack(models, [spec.id], threads) as stack:
+        print(f"model {spec.id} on {local.loaded.device} ({local.loaded.model.dtype}), {threads} torch threads, "
+              f"{os.cpu_count()} CPUs; {args.tokens} tokens per stream, median of {args.repeat}", flush=True)
+        rates = await throughput(args, stack, local, table)
+        task_id = await fan_out(stack, table, args.readers, args.events, args.rate)
+        await resume(stack, table, task_id, args.events, args.resumes)
+        await storage(stack, table)
+    await versus_hf_serve(args, local, table, rates, Path(settings.model_cache), threads)
+    print()
+    print(table.render())
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="smollm2:135m-instruct")
+    parser.add_argument("--tokens", type=int, default=128, help="max_output_tokens of every stream")
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--streams", type=int, nargs="+", default=[1, 4, 16, 64])
+    parser.add_argument("--readers", type=int, default=1000)
+    parser.add_argument("--events", type=int, default=200, help="events of the fan-out task")
+    parser.add_argument("--rate", type=float, default=20.0, help="fan-out events per second")
+    parser.add_argument("--resumes", type=int, default=200)
+    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: all cores but one)")
+    parser.add_argument("--quick", action="store_true", help="a short run (smoke test)")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.tokens, args.repeat, args.streams = 16, 2, [1, 4]
+        args.readers, args.events, args.rate, args.resumes = 50, 20, 50.0, 20
+    return args
+
+
+if __name__ == "__main__":
+    asyncio.run(main(parse_args()))

@@ -1,10 +1,10 @@
 """Following task event logs: replay from Redis, then live delivery shared per task.
 
 Each API process runs at most one blocking ``XREAD`` per followed task, however many clients
-follow it, and fans new events out to the followers' queues. A follower replays what it missed
-with ``XRANGE`` first; because event numbers are consecutive, it notices any gap between its
-replay and the shared feed and fills it with another ``XRANGE``. So every follower gets each
-event exactly once and in order, whenever it joins.
+follow it, and fans each read's events out to the followers' queues as one batch. A follower
+replays what it missed with ``XRANGE`` first; because event numbers are consecutive, it notices
+any gap between its replay and the shared feed and fills it with another ``XRANGE``. So every
+follower gets each event exactly once and in order, whenever it joins.
 """
 
 import asyncio
@@ -17,17 +17,20 @@ from redis.exceptions import RedisError
 
 from lmsp_core import eventlog, keys
 from lmsp_core.eventlog import Event
+from lmsp_core.tasks import TaskRecord
 
 logger = logging.getLogger(__name__)
 
 BLOCK_MS = 5000
 
-Delivery = Event | BaseException
+Batch = list[Event]  # consecutive events, oldest first
+Delivery = Batch | BaseException
 
 
 class _Feed:
-    def __init__(self, task_id: str, cursor: int) -> None:
+    def __init__(self, task_id: str, response_id: str, cursor: int) -> None:
         self.task_id = task_id
+        self.response_id = response_id
         self.cursor = cursor
         self.queues: set[asyncio.Queue[Delivery]] = set()
         self.runner: asyncio.Task[None] | None = None
@@ -46,76 +49,93 @@ class EventHub:
     def followed_tasks(self) -> int:
         return len(self._feeds)
 
-    async def follow(self, task_id: str, after: int, heartbeat: float) -> AsyncIterator[Event | None]:
-        """Events numbered above ``after`` up to and including the final one; ``None`` after each
-        ``heartbeat`` seconds without an event. Raises RedisError if Redis goes away."""
+    async def follow(self, record: TaskRecord, after: int, heartbeat: float) -> AsyncIterator[Batch | None]:
+        """Batches of the events numbered above ``after``, up to and including the final one; ``None``
+        after each ``heartbeat`` seconds without an event. A batch holds whatever arrived together
+        (a replayed chunk, or what a slow reader has not taken yet), so a busy API writes less
+        often instead of falling behind. Raises RedisError if Redis goes away."""
         last = after
-        async for event in self._replay(task_id, last):
-            yield event
-            last = event.id
-            if event.final:
+        async for batch in self._replay(record, last):
+            yield batch
+            last = batch[-1].id
+            if batch[-1].final:
                 return
-        tail = await eventlog.last_event(self.redis, task_id)
+        tail = await eventlog.last_event(self.redis, record.id, record.response_id)
         if tail is not None and tail.final and tail.id <= last:
             return  # the task ended at or before the cursor
         queue: asyncio.Queue[Delivery] = asyncio.Queue()
         # the feed reads from what is stored now, even when the cursor is beyond it
-        feed = self._attach(task_id, queue, min(last, tail.id if tail else 0))
+        feed = self._attach(record, queue, min(last, tail.id if tail else 0))
         try:
-            async for item in self._live(task_id, queue, last, heartbeat):
+            async for item in self._live(record, queue, last, heartbeat):
                 yield item
         finally:
             self._detach(feed, queue)
 
-    async def _live(self, task_id: str, queue: "asyncio.Queue[Delivery]", last: int,
-                    heartbeat: float) -> AsyncIterator[Event | None]:
+    async def _live(self, record: TaskRecord, queue: "asyncio.Queue[Delivery]", last: int,
+                    heartbeat: float) -> AsyncIterator[Batch | None]:
         # first whatever the shared feed delivered before we attached
-        async for event in self._replay(task_id, last):
-            yield event
-            last = event.id
-            if event.final:
+        async for batch in self._replay(record, last):
+            yield batch
+            last = batch[-1].id
+            if batch[-1].final:
                 return
         while True:
-            item = await self._next(queue, heartbeat)
-            if item is None:
+            delivered = await self._next(queue, heartbeat)
+            if delivered is None:
                 yield None
                 continue
-            if item.id <= last:
-                if item.final:
-                    return  # the task ended before reaching the cursor
-                continue
-            # event numbers are consecutive: a jump means the feed passed events before we joined
-            gap = [e async for e in self._replay(task_id, last, until=item.id - 1)] if item.id > last + 1 else []
-            for event in [*gap, item]:
-                yield event
+            fresh: Batch = []
+            for event in delivered:
+                if event.id <= last:
+                    if event.final:
+                        return  # the task ended before reaching the cursor
+                    continue
+                # event numbers are consecutive: a jump means the feed passed events before we joined
+                if event.id > last + 1:
+                    async for gap in self._replay(record, last, until=event.id - 1):
+                        fresh += gap
+                fresh.append(event)
                 last = event.id
-            if item.final:
-                return
+            if fresh:
+                yield fresh
+                if fresh[-1].final:
+                    return
 
     @staticmethod
-    async def _next(queue: "asyncio.Queue[Delivery]", heartbeat: float) -> Event | None:
+    async def _next(queue: "asyncio.Queue[Delivery]", heartbeat: float) -> Batch | None:
+        """Everything delivered so far (waiting up to ``heartbeat`` for the first), or None."""
         try:
-            item = await asyncio.wait_for(queue.get(), heartbeat)
+            async with asyncio.timeout(heartbeat):
+                items = [await queue.get()]
         except TimeoutError:
             return None
-        if isinstance(item, BaseException):
-            raise item
-        return item
+        while not queue.empty():
+            items.append(queue.get_nowait())
+        events: Batch = []
+        for item in items:
+            if isinstance(item, BaseException):
+                if not events:
+                    raise item
+                queue.put_nowait(item)  # the feed has ended: raise once these are out
+                break
+            events += item
+        return events
 
-    async def _replay(self, task_id: str, after: int, until: int | None = None) -> AsyncIterator[Event]:
+    async def _replay(self, record: TaskRecord, after: int, until: int | None = None) -> AsyncIterator[Batch]:
         while True:
-            chunk = await eventlog.read_after(self.redis, task_id, after, until=until)
-            for event in chunk:
-                yield event
+            chunk = await eventlog.read_after(self.redis, record.id, record.response_id, after, until=until)
+            if chunk:
+                yield chunk
             if len(chunk) < eventlog.READ_CHUNK:
                 return
             after = chunk[-1].id
 
-    def _attach(self, task_id: str, queue: asyncio.Queue[Delivery], cursor: int) -> _Feed:
-        feed = self._feeds.get(task_id)
+    def _attach(self, record: TaskRecord, queue: asyncio.Queue[Delivery], cursor: int) -> _Feed:
+        feed = self._feeds.get(record.id)
         if feed is None:
-            feed = self._feeds[task_id] = _Feed(task_id, cursor)
-            feed.runner = asyncio.create_task(self._run(feed), name=f"feed-{task_id}")
+            feed = self._feeds[record.id] = _Feed(record.id, record.response_id, cursor)
+            feed.runner = asyncio.create_task(self._run(feed), name=f"feed-{record.id}")
         feed.queues.add(queue)
         return feed
 
@@ -136,9 +156,8 @@ class EventHub:
             while feed.queues:
                 reply = await self.redis.xread({key: eventlog.stream_id(feed.cursor)}, block=BLOCK_MS, count=512)
                 for _, entries in reply:
-                    events = eventlog.to_events(entries)
-                    for event in events:
-                        feed.deliver(event)
+                    events = eventlog.to_events(entries, feed.response_id)
+                    feed.deliver(events)
                     feed.cursor = events[-1].id
                     if events[-1].final:
                         return

@@ -172,8 +172,8 @@ async def concurrent_streams(port: int, model: str, count: int, max_tokens: int)
 class BenchRun:
     """The writer's view of the fan-out task: this process holds its lease."""
 
-    def __init__(self, task_id: str, lease: str) -> None:
-        self.task_id, self.lease = task_id, lease
+    def __init__(self, task_id: str, lease: str, response_id: str) -> None:
+        self.task_id, self.lease, self.response_id = task_id, lease, response_id
         self.done = asyncio.Event()
 
     def on_cancel_requested(self) -> None: ...
@@ -226,7 +226,7 @@ async def write_events(stack: Stack, settings: Settings, task: dict[str, Any], c
                                                                                  status=500, code="x", detail="x"))
     assert claim.outcome == "claimed", claim
     writer = EventWriter(redis, settings)
-    run = BenchRun(task["id"], lease)
+    run = BenchRun(task["id"], lease, record.response_id)
     writer.open(run, claim.last_event_id, 0)
     written: dict[int, float] = {}
     rid = record.response_id

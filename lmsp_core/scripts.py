@@ -2,18 +2,32 @@
 
 Each script touches only the keys of one task (one hash tag), so it runs unchanged on Redis
 Cluster. Time comes from the Redis server (``TIME``), so leases do not depend on host clocks.
+Events go into the stream in their stored form (``eventlog.pack``): callers pack the data.
 """
+
+from lmsp_core import wire
+from lmsp_core.eventlog import CODES
 
 _NOW_MS = """
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 """
 
+# logs longer than this are not rebuilt when they end (the spare space of their last node is
+# negligible, and rebuilding blocks Redis for longer)
+COMPACT_LIMIT = 10_000
+
 _FINALIZE = """
 local function finalize(status, response, err, event_ttl, task_ttl)
   redis.call('HSET', KEYS[1], 'status', status, 'response', response, 'finished_at', now_ms / 1000)
   if err ~= '' then redis.call('HSET', KEYS[1], 'error', err) end
   redis.call('HDEL', KEYS[1], 'lease', 'lease_until', 'cancel')
+  -- rebuild the finished log with tightly sized nodes: Redis allocates every stream node at
+  -- stream-node-max-bytes (4 KiB), which for a typical task's log is half its memory
+  if redis.call('XLEN', KEYS[2]) <= """ + str(COMPACT_LIMIT) + """ then
+    local dump = redis.call('DUMP', KEYS[2])
+    if dump then redis.call('RESTORE', KEYS[2], 0, dump, 'REPLACE') end
+  end
   redis.call('PEXPIRE', KEYS[2], event_ttl)
   redis.call('PEXPIRE', KEYS[3], event_ttl)
   redis.call('PEXPIRE', KEYS[1], task_ttl)
@@ -29,7 +43,7 @@ end
 # KEYS: task, events, tokens, stored (keys.script_keys)
 # ARGV: lease, first_id, n_events, token_bytes, token_offset, lease_ttl_ms,
 #       final ('1' or ''), status, response_json, error_json, event_ttl_ms, task_ttl_ms,
-#       then n_events pairs of (event name, data json)
+#       then n_events pairs of (event code, stored data): eventlog.pack
 # Returns {1, cancel_requested}; {-2, last_event_id, tokens_stored} when the batch does not follow
 # what is stored (already applied, or written by someone else); {-1, 0, 0} when the lease is not
 # ours. The order of the checks lets a writer recognise a batch it sent before and that did land.
@@ -56,7 +70,7 @@ return {1, redis.call('HEXISTS', KEYS[1], 'cancel')}
 )
 
 # KEYS: task, events, tokens, stored (keys.script_keys)
-# ARGV: lease, lease_ttl_ms, max_attempts, failed_data_json, failed_response_json, error_json,
+# ARGV: lease, lease_ttl_ms, max_attempts, failed_data (packed), failed_response_json, error_json,
 #       event_ttl_ms, task_ttl_ms, worker_id, job_id (the arq job that claims: see REQUEUE)
 # Returns {'claimed', last_event_id, attempts, cancel_requested}, {'exhausted'}, {'missing'},
 # or {status} when the task is final or held by a live lease.
@@ -71,7 +85,7 @@ if status == 'queued' or (status == 'in_progress' and lease_until < now_ms) then
   local last = tonumber(redis.call('HGET', KEYS[1], 'last_event_id') or '0')
   local attempts = redis.call('HINCRBY', KEYS[1], 'attempts', 1)
   if attempts > tonumber(ARGV[3]) then
-    add_event(last + 1, 'response.failed', ARGV[4])
+    add_event(last + 1, '""" + CODES[wire.FAILED] + """', ARGV[4])
     finalize('failed', ARGV[5], ARGV[6], ARGV[7], ARGV[8])
     return {'exhausted'}
   end
@@ -85,7 +99,7 @@ return {status}
 )
 
 # KEYS: task, events, tokens, stored (keys.script_keys)
-# ARGV: cancelled_data_json, cancelled_response_json, event_ttl_ms, task_ttl_ms
+# ARGV: cancelled_data (packed), cancelled_response_json, event_ttl_ms, task_ttl_ms
 # Returns 'dequeued' for a queued task (now cancelled: its stream gets response.cancelled at once),
 # 'in_progress' for a running one (its worker stops it), the final status for a finished one, or
 # 'missing'.
@@ -97,7 +111,7 @@ local status = redis.call('HGET', KEYS[1], 'status')
 if not status then return 'missing' end
 if status == 'queued' then
   local last = tonumber(redis.call('HGET', KEYS[1], 'last_event_id') or '0')
-  add_event(last + 1, 'response.cancelled', ARGV[1])
+  add_event(last + 1, '""" + CODES[wire.CANCELLED] + """', ARGV[1])
   finalize('cancelled', ARGV[2], '', ARGV[3], ARGV[4])
   return 'dequeued'
 end

@@ -13,7 +13,7 @@ from typing import Any, Literal
 import msgspec
 from redis.asyncio import Redis
 
-from lmsp_core import ids, keys, metrics, queue, scripts, wire
+from lmsp_core import eventlog, ids, keys, metrics, queue, scripts, wire
 from lmsp_core.settings import Settings
 from lmsp_core.taskindex import ActiveIndex
 
@@ -212,7 +212,8 @@ class TaskStore:
     async def cancel(self, record: TaskRecord) -> str:
         """Cancel a task; returns the status after the call: ``cancelled`` for a task that was queued,
         ``in_progress`` for a running one (its worker stops it), else its final status or ``missing``."""
-        data = wire.encoder.encode(wire.ResponseCancelled(response_id=record.response_id, status="cancelled"))
+        _, data = eventlog.pack(wire.CANCELLED, wire.encoder.encode(
+            wire.ResponseCancelled(response_id=record.response_id, status="cancelled")), record.response_id)
         response = wire.encoder.encode(cancelled_response(record))
         status = (await self._cancel(
             keys=keys.script_keys(record.id), args=[data, response, self.event_ttl_ms, self.task_ttl_ms]
@@ -228,8 +229,8 @@ class TaskStore:
         """Take a queued task, or one whose lease has lapsed, for the arq job ``job_id``. After
         ``max_attempts`` claims the task fails with ``failure`` instead, so a task that kills its
         worker cannot loop forever."""
-        failed_data = wire.encoder.encode(wire.ResponseFailed(response_id=record.response_id, status="failed",
-                                                              error=failure))
+        _, failed_data = eventlog.pack(wire.FAILED, wire.encoder.encode(
+            wire.ResponseFailed(response_id=record.response_id, status="failed", error=failure)), record.response_id)
         failed_response = wire.encoder.encode(failed_response_object(record, failure))
         result = await self._claim(
             keys=keys.script_keys(record.id),

@@ -7,7 +7,7 @@ import httpx
 import msgspec
 import redis.asyncio as aioredis
 
-from lmsp_core import keys, registry, wire
+from lmsp_core import eventlog, keys, registry, wire
 from lmsp_core.chat import PromptRenderer
 from tests.support import body, collect, user_input
 
@@ -150,8 +150,8 @@ async def test_closing_a_direct_stream_cancels_its_task(client: httpx.AsyncClien
     assert task[b"kind"] == b"direct"
     generated = len(await redis.get(keys.tokens(task[b"id"].decode())) or b"") // 4
     assert generated < 1000
-    log = await redis.xrange(keys.events(task[b"id"].decode()))
-    assert log[-1][1][b"event"] == wire.CANCELLED.encode()
+    last = await eventlog.last_event(redis, task[b"id"].decode(), response_id)
+    assert last is not None and last.name == wire.CANCELLED
 
 
 async def test_disconnecting_a_synchronous_request_cancels_its_task(client: httpx.AsyncClient,

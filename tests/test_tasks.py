@@ -174,3 +174,35 @@ async def test_retention_settings_are_key_expiries(client: httpx.AsyncClient, re
 
     assert 3500 < await redis.ttl(keys.events(task["id"])) <= 3600
     assert 86000 < await redis.ttl(keys.task(task["id"])) <= 86400
+
+
+async def test_a_finished_log_is_stored_compactly_and_replays_whole(client: httpx.AsyncClient, redis: Any) -> None:
+    from lmsp_core import keys
+
+    task = await create(client, max_output_tokens=200)
+    streamed = await events(client, task["id"])
+    assert_complete_log(streamed)
+    key = keys.events(task["id"])
+    per_event = await redis.memory_usage(key, samples=0) / await redis.xlen(key)
+    assert per_event <= 150  # codes instead of names, no repeated response id, nodes rebuilt to size
+    assert await events(client, task["id"]) == streamed  # the rebuilt log replays the same bytes
+    assert 3500 < await redis.ttl(key) <= 3600  # and keeps its retention
+
+
+def test_stored_form_of_events_round_trips() -> None:
+    from lmsp_core import eventlog
+
+    rid = "resp_01J8M6Q4W2T7N5R3V9X1Z8B0DF"
+    cases = [
+        (wire.TEXT_DELTA, wire.encoder.encode(wire.OutputTextDelta(response_id=rid, item_id="msg_1", delta="a\nb"))),
+        (wire.CREATED, wire.encoder.encode(wire.ResponseCreated(response_id=rid))),
+        ("vendor.extra", b'{"response_id":"' + rid.encode() + b'","x":1}'),  # unknown names pass as they are
+        (wire.ITEM_DONE, b'{"item":{"response_id":"' + rid.encode() + b'"}}'),  # not leading: kept whole
+        (wire.COMPLETED, b'{"response_id":"resp_OTHER","status":"completed"}'),
+    ]
+    for name, data in cases:
+        code, stored = eventlog.pack(name, data, rid)
+        assert len(stored) <= len(data)
+        assert eventlog.unpack(code.encode(), stored, rid) == (name, data)
+    assert eventlog.pack(wire.TEXT_DELTA, cases[0][1], rid)[0] == "d"
+    assert eventlog.pack(*cases[0], rid)[1].startswith(b',"item_id"')

@@ -74,7 +74,7 @@ class WorkerService:
         run = TaskRun(record, runtime, self.writer, self.settings, lease, self.metrics)
         self.runs[task_id] = run
         try:
-            history = await load_history(self.redis, task_id, claim.last_event_id)
+            history = await load_history(self.redis, task_id, record.response_id, claim.last_event_id)
             return await run.execute(history, claim.cancel_requested)
         except asyncio.CancelledError:
             await asyncio.shield(self._hand_back(run, record.model))

@@ -60,13 +60,13 @@ class History:
     tokens: tuple[int, ...] = ()
 
 
-async def load_history(redis: Redis, task_id: str, last_event_id: int) -> History:
+async def load_history(redis: Redis, task_id: str, response_id: str, last_event_id: int) -> History:
     history = History(last_event_id=last_event_id)
     if last_event_id == 0:
         return history
     after = 0
     while after < last_event_id:
-        chunk = await eventlog.read_after(redis, task_id, after)
+        chunk = await eventlog.read_after(redis, task_id, response_id, after)
         if not chunk:
             break
         after = chunk[-1].id
@@ -112,6 +112,10 @@ class TaskRun:
     @property
     def lease(self) -> str:
         return self._lease
+
+    @property
+    def response_id(self) -> str:
+        return self.record.response_id
 
     def on_cancel_requested(self) -> None:
         if self.sequence is not None:

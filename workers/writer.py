@@ -18,7 +18,7 @@ from typing import Protocol
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from lmsp_core import keys, scripts
+from lmsp_core import eventlog, keys, scripts
 from lmsp_core.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -34,6 +34,9 @@ class Writable(Protocol):
 
     @property
     def lease(self) -> str: ...
+
+    @property
+    def response_id(self) -> str: ...
 
     def on_cancel_requested(self) -> None: ...
 
@@ -178,7 +181,7 @@ class EventWriter:
             final.error, int(self.settings.event_retention * 1000), int(self.settings.task_retention * 1000),
         ]
         for name, data in batch.events:
-            args += [name, data]
+            args += eventlog.pack(name, data, log.owner.response_id)
         return args
 
     def _settle(self, log: _Log, batch: _Batch, result: object) -> None:

@@ -15,11 +15,10 @@ import anyio
 from litestar import Controller, Request, Response, get, post
 from litestar.openapi.datastructures import ResponseSpec
 from litestar.params import Body
-from litestar.response import ServerSentEvent, ServerSentEventMessage
 from litestar.types import Receive
 from redis.exceptions import RedisError
 
-from api import idempotency
+from api import idempotency, sse
 from api import openapi as doc
 from api.extension_header import ignored_extensions
 from api.idempotency import REPLAYED, IdempotencyKey
@@ -69,7 +68,7 @@ class ResponsesController(Controller):
             raise
         headers = {**(REPLAYED if repeated else {}), **ignored_extensions(services, data)}
         if slot is not None:
-            return ServerSentEvent(slot.wrap(_direct_stream(services, record, cancel=key is None)), headers=headers)
+            return sse.response(slot.wrap(_direct_stream(services, record, cancel=key is None)), headers)
         if not await _final_or_disconnect(services, record, request.receive):
             if key is None:
                 await _cancel(services, record)
@@ -98,7 +97,7 @@ async def _check_history(services: Services, record: TaskRecord) -> None:
 
 
 async def _direct_stream(services: Services, record: TaskRecord, *,
-                         cancel: bool) -> AsyncIterator[ServerSentEventMessage]:
+                         cancel: bool) -> AsyncIterator[bytes]:
     ended = False
     try:
         async for message in relay(services, record, 0):
@@ -125,7 +124,7 @@ async def _final_or_disconnect(services: Services, record: TaskRecord, receive: 
 
 
 async def _drain(services: Services, record: TaskRecord) -> None:
-    async for _ in services.hub.follow(record.id, 0, services.settings.sse_heartbeat):
+    async for _ in services.hub.follow(record, 0, services.settings.sse_heartbeat):
         pass
 
 

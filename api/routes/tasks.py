@@ -13,9 +13,9 @@ from typing import Annotated
 from litestar import Controller, Response, get, post
 from litestar.openapi.spec import Example
 from litestar.params import Body, HeaderParameter, Parameter
-from litestar.response import ServerSentEvent, ServerSentEventMessage
+from litestar.response import Stream
 
-from api import idempotency
+from api import idempotency, sse
 from api import openapi as doc
 from api.extension_header import ignored_extensions
 from api.idempotency import REPLAYED, IdempotencyKey
@@ -98,18 +98,18 @@ class TasksController(Controller):
     async def task_events(
         self, task_id: str, services: Services, owner: str, after: str | None = None,
         last_event_id: Annotated[str | None, HeaderParameter(name="Last-Event-ID")] = None,
-    ) -> ServerSentEvent:
+    ) -> Stream:
         cursor = parse_cursor(after if after is not None else last_event_id)
         record = await load_task(services, task_id, owner)
         if record.final:
             if cursor >= record.last_event_id:
-                return ServerSentEvent(_nothing())
+                return sse.response(_nothing())
             if not await eventlog.history_exists(services.redis, record.id):
                 raise Gone(f"The events of task {record.id} have expired; GET /lmsp/v1/tasks/{record.id} still "
                            "returns its result.")
         events = relay(services, record, cursor, queue_notices=True)
         slot = await services.limits.open_stream(owner)
-        return ServerSentEvent(slot.wrap(events))
+        return sse.response(slot.wrap(events))
 
     @post("/{task_id:str}/cancel", status_code=200, summary="Cancel a task", opt={"scope": tokens.TASKS_WRITE},
           description="A queued task never runs; a running one stops within a few tokens (the call waits up to "
@@ -140,10 +140,10 @@ async def load_task(services: Services, task_id: str, owner: str) -> TaskRecord:
 
 
 async def _until_final(services: Services, record: TaskRecord) -> None:
-    async for _ in services.hub.follow(record.id, record.last_event_id, CANCEL_WAIT):
+    async for _ in services.hub.follow(record, record.last_event_id, CANCEL_WAIT):
         pass
 
 
-async def _nothing() -> AsyncIterator[ServerSentEventMessage]:
+async def _nothing() -> AsyncIterator[bytes]:
     return
     yield

@@ -7,6 +7,7 @@ import sys
 from collections.abc import Sequence
 
 from lmsp import tokens
+from lmsp_core import logs
 from lmsp_core.settings import Settings, load_settings
 
 CLIENT_COMMANDS = ("run", "chat", "tasks", "models")
@@ -31,6 +32,9 @@ def _parser() -> argparse.ArgumentParser:
     worker = commands.add_parser("worker", help="a generation worker alone")
     worker.add_argument("--model", action="append", dest="models", metavar="ID")
     worker.add_argument("--redis-url")
+    worker.add_argument("--gpus", metavar="all|ID,ID...",
+                        help="one worker process per GPU (all visible ones, or these CUDA device ids), each "
+                             "pinned to its GPU, all on the same queues")
 
     tokens.add_parser(commands)
     _client_parsers(commands)
@@ -97,6 +101,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         from api.server import run
 
         run(settings)
+    elif args.command == "worker" and args.gpus:
+        from workers.supervisor import supervise
+
+        logs.configure(settings.log_level, settings.log_json)
+        return supervise(args.gpus, args.models or [settings.default_model],
+                         {**os.environ, "LMSP_REDIS_URL": settings.redis_url})
     elif args.command == "worker":
         from workers.main import run as run_worker
 

@@ -48,6 +48,9 @@ TEST_MODELS: list[dict[str, Any]] = [
      "reasoning": {"opened_by": "template", "budget": REASONING_BUDGET}},
     {"id": "tiny-serial", "source": "tiny-random", "context_window": 32768, "max_output_tokens": 32000,
      "capabilities": ["streaming"], "max_batch_size": 1},
+    # served only by the per-GPU workers of test_gpus.py, one task at a time each
+    {"id": "tiny-pinned", "source": "tiny-random", "context_window": 2048, "max_output_tokens": 1024,
+     "capabilities": ["streaming"], "max_batch_size": 1},
 ]
 
 

@@ -1,10 +1,15 @@
 """Following task event logs: replay from Redis, then live delivery shared per task.
 
 Each API process runs at most one blocking ``XREAD`` per followed task, however many clients
-follow it, and fans each read's events out to the followers' queues as one batch. A follower
-replays what it missed with ``XRANGE`` first; because event numbers are consecutive, it notices
-any gap between its replay and the shared feed and fills it with another ``XRANGE``. So every
-follower gets each event exactly once and in order, whenever it joins.
+follow it. A read's events become one link of a chain that every follower walks at its own pace
+(a broadcast list: delivering costs one future, not one queue operation per follower, and a
+follower that fell behind takes every link already there at once). When a read times out after
+the heartbeat interval, the feed adds an empty link: the followers' keep-alive, with no timer of
+their own.
+
+A follower replays what it missed with ``XRANGE`` first; because event numbers are consecutive,
+it notices any gap between its replay and the shared feed and fills it with another ``XRANGE``.
+So every follower gets each event exactly once and in order, whenever it joins.
 """
 
 import asyncio
@@ -21,10 +26,17 @@ from lmsp_core.tasks import TaskRecord
 
 logger = logging.getLogger(__name__)
 
-BLOCK_MS = 5000
-
 Batch = list[Event]  # consecutive events, oldest first
-Delivery = Batch | BaseException
+
+
+class _Link:
+    """One read of a feed (no events: a heartbeat) and the future of the next one."""
+
+    __slots__ = ("events", "next")
+
+    def __init__(self, events: Batch) -> None:
+        self.events = events
+        self.next: asyncio.Future[_Link] = asyncio.get_running_loop().create_future()
 
 
 class _Feed:
@@ -32,28 +44,35 @@ class _Feed:
         self.task_id = task_id
         self.response_id = response_id
         self.cursor = cursor
-        self.queues: set[asyncio.Queue[Delivery]] = set()
+        self.tail = _Link([])
+        self.followers = 0
         self.runner: asyncio.Task[None] | None = None
 
-    def deliver(self, item: Delivery) -> None:
-        for queue in self.queues:
-            queue.put_nowait(item)
+    def deliver(self, events: Batch) -> None:
+        link = _Link(events)
+        self.tail.next.set_result(link)
+        self.tail = link
+
+    def fail(self, exc: BaseException) -> None:
+        self.tail.next.set_exception(exc)
+        self.tail.next.exception()  # retrieved: no "never retrieved" warning when nobody waits
 
 
 class EventHub:
-    def __init__(self, redis: Redis) -> None:
+    def __init__(self, redis: Redis, heartbeat: float) -> None:
         self.redis = redis
+        self.block_ms = max(1, int(heartbeat * 1000))
         self._feeds: dict[str, _Feed] = {}
 
     @property
     def followed_tasks(self) -> int:
         return len(self._feeds)
 
-    async def follow(self, record: TaskRecord, after: int, heartbeat: float) -> AsyncIterator[Batch | None]:
+    async def follow(self, record: TaskRecord, after: int) -> AsyncIterator[Batch | None]:
         """Batches of the events numbered above ``after``, up to and including the final one; ``None``
-        after each ``heartbeat`` seconds without an event. A batch holds whatever arrived together
-        (a replayed chunk, or what a slow reader has not taken yet), so a busy API writes less
-        often instead of falling behind. Raises RedisError if Redis goes away."""
+        for each heartbeat interval without an event. A batch holds whatever arrived together (a
+        replayed chunk, or what a slow reader has not taken yet), so a busy API writes less often
+        instead of falling behind. Raises RedisError if Redis goes away."""
         last = after
         async for batch in self._replay(record, last):
             yield batch
@@ -63,17 +82,15 @@ class EventHub:
         tail = await eventlog.last_event(self.redis, record.id, record.response_id)
         if tail is not None and tail.final and tail.id <= last:
             return  # the task ended at or before the cursor
-        queue: asyncio.Queue[Delivery] = asyncio.Queue()
         # the feed reads from what is stored now, even when the cursor is beyond it
-        feed = self._attach(record, queue, min(last, tail.id if tail else 0))
+        feed = self._attach(record, min(last, tail.id if tail else 0))
         try:
-            async for item in self._live(record, queue, last, heartbeat):
+            async for item in self._live(record, feed.tail, last):
                 yield item
         finally:
-            self._detach(feed, queue)
+            self._detach(feed)
 
-    async def _live(self, record: TaskRecord, queue: "asyncio.Queue[Delivery]", last: int,
-                    heartbeat: float) -> AsyncIterator[Batch | None]:
+    async def _live(self, record: TaskRecord, link: _Link, last: int) -> AsyncIterator[Batch | None]:
         # first whatever the shared feed delivered before we attached
         async for batch in self._replay(record, last):
             yield batch
@@ -81,8 +98,8 @@ class EventHub:
             if batch[-1].final:
                 return
         while True:
-            delivered = await self._next(queue, heartbeat)
-            if delivered is None:
+            link, delivered = await self._next(link)
+            if not delivered:
                 yield None
                 continue
             fresh: Batch = []
@@ -103,24 +120,14 @@ class EventHub:
                     return
 
     @staticmethod
-    async def _next(queue: "asyncio.Queue[Delivery]", heartbeat: float) -> Batch | None:
-        """Everything delivered so far (waiting up to ``heartbeat`` for the first), or None."""
-        try:
-            async with asyncio.timeout(heartbeat):
-                items = [await queue.get()]
-        except TimeoutError:
-            return None
-        while not queue.empty():
-            items.append(queue.get_nowait())
-        events: Batch = []
-        for item in items:
-            if isinstance(item, BaseException):
-                if not events:
-                    raise item
-                queue.put_nowait(item)  # the feed has ended: raise once these are out
-                break
-            events += item
-        return events
+    async def _next(link: _Link) -> tuple[_Link, Batch]:
+        """The links after ``link`` that are there (waiting for the first): the last one and their events."""
+        link = await link.next
+        events = list(link.events)
+        while link.next.done() and link.next.exception() is None:
+            link = link.next.result()
+            events += link.events
+        return link, events
 
     async def _replay(self, record: TaskRecord, after: int, until: int | None = None) -> AsyncIterator[Batch]:
         while True:
@@ -131,17 +138,17 @@ class EventHub:
                 return
             after = chunk[-1].id
 
-    def _attach(self, record: TaskRecord, queue: asyncio.Queue[Delivery], cursor: int) -> _Feed:
+    def _attach(self, record: TaskRecord, cursor: int) -> _Feed:
         feed = self._feeds.get(record.id)
         if feed is None:
             feed = self._feeds[record.id] = _Feed(record.id, record.response_id, cursor)
             feed.runner = asyncio.create_task(self._run(feed), name=f"feed-{record.id}")
-        feed.queues.add(queue)
+        feed.followers += 1
         return feed
 
-    def _detach(self, feed: _Feed, queue: asyncio.Queue[Delivery]) -> None:
-        feed.queues.discard(queue)
-        if not feed.queues:
+    def _detach(self, feed: _Feed) -> None:
+        feed.followers -= 1
+        if not feed.followers:
             self._end(feed)
 
     def _end(self, feed: _Feed) -> None:
@@ -153,8 +160,11 @@ class EventHub:
     async def _run(self, feed: _Feed) -> None:
         key = keys.events(feed.task_id)
         try:
-            while feed.queues:
-                reply = await self.redis.xread({key: eventlog.stream_id(feed.cursor)}, block=BLOCK_MS, count=512)
+            while feed.followers:
+                reply = await self.redis.xread({key: eventlog.stream_id(feed.cursor)}, block=self.block_ms,
+                                               count=eventlog.READ_CHUNK)
+                if not reply:
+                    feed.deliver([])  # nothing for a heartbeat interval
                 for _, entries in reply:
                     events = eventlog.to_events(entries, feed.response_id)
                     feed.deliver(events)
@@ -162,7 +172,7 @@ class EventHub:
                     if events[-1].final:
                         return
         except (RedisError, OSError) as exc:
-            feed.deliver(exc)
+            feed.fail(exc)
         finally:
             self._end(feed)
 

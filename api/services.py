@@ -47,8 +47,8 @@ class Services:
     def create(cls, settings: Settings) -> "Services":
         redis = ArqRedis(ConnectionPool.from_url(settings.redis_url, health_check_interval=30))
         return cls(settings=settings, catalog=Catalog.from_settings(settings), redis=redis,
-                   store=TaskStore(redis, settings), hub=EventHub(redis), limits=Limits(redis, settings),
-                   conversations=ConversationStore(redis, settings))
+                   store=TaskStore(redis, settings), hub=EventHub(redis, settings.sse_heartbeat),
+                   limits=Limits(redis, settings), conversations=ConversationStore(redis, settings))
 
     async def renderer(self, model_id: str) -> PromptRenderer | None:
         """The prompt renderer of a model, from the card its workers publish (None before any

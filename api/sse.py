@@ -54,19 +54,11 @@ async def relay(services: Services, record: TaskRecord, after: int, *,
     """The task's events after ``after`` up to the final one, then the end of the stream."""
     gauge = services.metrics.open_streams.labels(record.kind)
     gauge.inc()
-    try:
-        async for chunk in _relay(services, record, after, queue_notices):
-            yield chunk
-    finally:
-        gauge.dec()
-
-
-async def _relay(services: Services, record: TaskRecord, after: int, queue_notices: bool) -> AsyncIterator[bytes]:
     waiting = queue_notices and record.status == "queued"
     try:
         if waiting and (notice := await queued_notice(services, record)):
             yield notice
-        async for batch in services.hub.follow(record, after, services.settings.sse_heartbeat):
+        async for batch in services.hub.follow(record, after):
             if batch is None:
                 yield HEARTBEAT
                 if waiting and (notice := await queued_notice(services, record)):
@@ -77,3 +69,5 @@ async def _relay(services: Services, record: TaskRecord, after: int, queue_notic
     except (RedisError, OSError):
         problem = ServiceUnavailable("The service's store became unreachable; reconnect with Last-Event-ID.")
         yield frame(wire.ERROR, msgspec.json.encode(wire.ErrorEventData(error=problem.problem())))
+    finally:
+        gauge.dec()

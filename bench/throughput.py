@@ -20,6 +20,7 @@ On a GPU it runs as it is; ``--model llama-8b-random`` is the 8B Llama shape wit
 
 import argparse
 import asyncio
+import gc
 import json
 import os
 import random
@@ -35,7 +36,7 @@ import redis.asyncio as aioredis
 import torch
 
 from bench import hfserve
-from bench.sse import SseStream
+from bench.sse import EventIdReader, SseStream
 from bench.stack import Stack, cpu_seconds, rss_bytes
 from lmsp_core import keys, wire
 from lmsp_core.catalog import Catalog
@@ -259,18 +260,25 @@ async def fan_out(stack: Stack, table: Table, readers: int, events: int, rate: f
     task = await create_task(stack.api_port)
     api_pid = stack.api.pid
     rss_before = rss_bytes(api_pid)
-    followers = [Follower(stack.api_port, task["id"]) for _ in range(readers)]
-    running = []
+    request = (f"GET /lmsp/v1/tasks/{task['id']}/events HTTP/1.1\r\nHost: {HOST}\r\n"
+               "Accept: text/event-stream\r\n\r\n").encode()
+    loop = asyncio.get_running_loop()
+    # the collector's pauses in this process (a thousand readers' objects) would count as delivery
+    # delay: the readers run with it off
+    gc.collect()
+    gc.disable()
+    followers = [EventIdReader(request) for _ in range(readers)]
     for wave in range(0, readers, 100):
         for follower in followers[wave:wave + 100]:
-            running.append(asyncio.create_task(follower.run()))
-        await asyncio.gather(*(f.ready.wait() for f in followers[wave:wave + 100]))
+            await loop.create_connection(lambda f=follower: f, HOST, stack.api_port)  # type: ignore[misc]
+        await asyncio.gather(*(f.ready for f in followers[wave:wave + 100]))
     await asyncio.sleep(1.0)
     rss_idle = rss_bytes(api_pid)
     cpu_start = cpu_seconds(api_pid)
     written = await write_events(stack, settings, task, events, rate)
-    await asyncio.gather(*running)
+    await asyncio.gather(*(f.done for f in followers))
     cpu = cpu_seconds(api_pid) - cpu_start
+    gc.enable()
     delays = [(f.arrivals[n] - written[n]) * 1000 for f in followers for n in written if n in f.arrivals]
     expected = sorted(written)
     gapless = sum(f.ids == expected for f in followers)

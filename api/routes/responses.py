@@ -124,7 +124,7 @@ async def _final_or_disconnect(services: Services, record: TaskRecord, receive: 
 
 
 async def _drain(services: Services, record: TaskRecord) -> None:
-    async for _ in services.hub.follow(record, 0, services.settings.sse_heartbeat):
+    async for _ in services.hub.follow(record, 0):
         pass
 
 

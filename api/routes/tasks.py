@@ -140,7 +140,7 @@ async def load_task(services: Services, task_id: str, owner: str) -> TaskRecord:
 
 
 async def _until_final(services: Services, record: TaskRecord) -> None:
-    async for _ in services.hub.follow(record, record.last_event_id, CANCEL_WAIT):
+    async for _ in services.hub.follow(record, record.last_event_id):
         pass
 
 

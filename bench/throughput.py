@@ -352,10 +352,15 @@ async def throughput(args: argparse.Namespace, stack: Stack, local: InProcess, t
     table.add("1 stream: TTFT p50 (service / in-process)", f"{statistics.median(service_ttft):.1f} ms",
               f"{statistics.median(local_ttft):.1f} ms", f"+{added:.1f} ms", "+<= 10 ms")
     for count in args.streams:
-        tokens, seconds, gapless = await concurrent_streams(stack.api_port, model, count, args.tokens)
         prompts = [local.prompt(prompt_text(i)) for i in range(count)]
-        local_tokens, local_seconds = local.generate(prompts, args.tokens)
-        rate, local_rate = tokens / seconds, local_tokens / local_seconds
+        service_rates, local_rates, gapless = [], [], True
+        for _ in range(args.rounds):  # interleaved, as above: this machine's speed drifts by 20%
+            tokens, seconds, round_gapless = await concurrent_streams(stack.api_port, model, count, args.tokens)
+            local_tokens, local_seconds = local.generate(prompts, args.tokens)
+            service_rates.append(tokens / seconds)
+            local_rates.append(local_tokens / local_seconds)
+            gapless = gapless and round_gapless
+        rate, local_rate = statistics.median(service_rates), statistics.median(local_rates)
         row = f"{count} streams: aggregate tokens/s" + ("" if gapless else " (GAPS!)")
         table.add(row, f"{rate:.1f}", f"{local_rate:.1f} batched generate", ratio(rate, local_rate),
                   ">= 0.9" if count == 16 else "")
@@ -406,6 +411,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--tokens", type=int, default=128, help="max_output_tokens of every stream")
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--streams", type=int, nargs="+", default=[1, 4, 16, 64])
+    parser.add_argument("--rounds", type=int, default=3, help="runs of each concurrency (median)")
     parser.add_argument("--readers", type=int, default=1000)
     parser.add_argument("--events", type=int, default=200, help="events of the fan-out task")
     parser.add_argument("--rate", type=float, default=20.0, help="fan-out events per second")
@@ -414,7 +420,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="a short run (smoke test)")
     args = parser.parse_args(argv)
     if args.quick:
-        args.tokens, args.repeat, args.streams = 16, 2, [1, 4]
+        args.tokens, args.repeat, args.streams, args.rounds = 16, 2, [1, 4], 1
         args.readers, args.events, args.rate, args.resumes = 50, 20, 50.0, 20
     return args
 

@@ -350,7 +350,7 @@ async def throughput(args: argparse.Namespace, stack: Stack, local: InProcess, t
     local_ttft = [local.generate([prompt], 1)[1] * 1000 for _ in range(args.repeat)]
     added = statistics.median(service_ttft) - statistics.median(local_ttft)
     table.add("1 stream: TTFT p50 (service / in-process)", f"{statistics.median(service_ttft):.1f} ms",
-              f"{statistics.median(local_ttft):.1f} ms", f"+{added:.1f} ms", "+<= 10 ms")
+              f"{statistics.median(local_ttft):.1f} ms", f"{added:+.1f} ms", "+<= 10 ms")
     for count in args.streams:
         prompts = [local.prompt(prompt_text(i)) for i in range(count)]
         service_rates, local_rates, gapless = [], [], True

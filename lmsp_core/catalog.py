@@ -1,6 +1,7 @@
 """The model catalog: which models the service runs and what they can do.
 
-The built-in catalog has the default model and ``tiny-random``; ``LMSP_MODELS_FILE`` (a JSON list
+The built-in catalog has the default model, ``tiny-random`` and ``llama-8b-random`` (random weights in
+the Llama-3.1-8B shape, bf16: for benchmarks on a GPU); ``LMSP_MODELS_FILE`` (a JSON list
 of specs) adds models or replaces built-in ones by id. API and workers read the same catalog, so
 they agree on ids, context windows and capabilities.
 """
@@ -44,7 +45,8 @@ class ReasoningFormat(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
 
 class ModelSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     id: Annotated[str, Meta(min_length=1, max_length=256)]
-    # "gguf-package:<python package>/<file.gguf>", "hf-dir:<path>" or "tiny-random"
+    # "gguf-package:<python package>/<file.gguf>", "hf-dir:<path>", "tiny-random" or
+    # "random-llama:<shape>" (workers/loader.py, LLAMA_SHAPES)
     source: str
     context_window: Annotated[int, Meta(ge=16)]
     max_output_tokens: Annotated[int, Meta(ge=1)]
@@ -52,7 +54,7 @@ class ModelSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     device: str = "auto"  # "auto" picks CUDA when present, else CPU
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     max_batch_size: Annotated[int, Meta(ge=1, le=1024)] = 32
-    seed: int = 0  # weights of tiny-random
+    seed: int = 0  # weights of the random models
     max_queue_depth: Annotated[int, Meta(ge=0)] | None = None  # overrides LMSP_MAX_QUEUE_DEPTH (0: no limit)
     chat_template: str | None = None  # replaces the tokenizer's chat template
     reasoning: ReasoningFormat | None = None  # a reasoning model: its output starts with a reasoning item
@@ -77,7 +79,17 @@ TINY_RANDOM = ModelSpec(
     capabilities=["streaming", "tools", "structured_output", "conversations"],
 )
 
-BUILTIN = (SMOLLM2, TINY_RANDOM)
+LLAMA_8B_RANDOM = ModelSpec(
+    id="llama-8b-random",
+    source="random-llama:llama-3.1-8b",
+    context_window=8192,
+    max_output_tokens=4096,
+    capabilities=["streaming", "tools", "structured_output", "conversations"],
+    dtype="bfloat16",
+    max_batch_size=64,
+)
+
+BUILTIN = (SMOLLM2, TINY_RANDOM, LLAMA_8B_RANDOM)
 
 
 class Catalog:

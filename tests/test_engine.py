@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from lmsp_core.catalog import TINY_RANDOM
+from lmsp_core.catalog import TINY_RANDOM, ModelSpec
 from lmsp_core.settings import load_settings
 from workers import loader
 from workers.engine import LENGTH, STOP, Engine, Sequence
@@ -95,3 +95,41 @@ async def test_stop_tokens_and_resumed_sequences(tiny: loader.LoadedModel) -> No
         engine.close()
     assert stops.reason == STOP and stops.tokens == reference[:reference.index(reference[5]) + 1]
     assert resumed.reason == LENGTH and resumed.tokens == reference[8:]
+
+
+def test_llama_8b_random_has_the_8b_shape() -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from lmsp_core.catalog import LLAMA_8B_RANDOM, SMOLLM2
+
+    tokenizer = AutoTokenizer.from_pretrained(loader.converted_gguf(SMOLLM2, Path(load_settings().model_cache)))
+    config = loader.random_llama_config(LLAMA_8B_RANDOM, tokenizer)
+    with torch.device("meta"):  # shapes only
+        model = AutoModelForCausalLM.from_config(config)
+    # Llama-3.1-8B's 8.03e9 parameters, less the embedding rows of the larger vocabulary
+    assert sum(p.numel() for p in model.parameters()) == 8_030_261_248 - 2 * (128_256 - 49_152) * 4096
+    assert LLAMA_8B_RANDOM.dtype == "bfloat16"
+
+
+async def test_random_llama_models_load_on_the_device_in_their_dtype(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(loader.LLAMA_SHAPES, "small", {"hidden_size": 64, "intermediate_size": 128,
+                                                       "num_hidden_layers": 2, "num_attention_heads": 4,
+                                                       "num_key_value_heads": 2})
+    spec = ModelSpec(id="small-random", source="random-llama:small", context_window=256, max_output_tokens=16,
+                     capabilities=["streaming"], dtype="bfloat16")
+    loaded = loader.load(spec, Path(load_settings().model_cache))
+    assert {p.dtype for p in loaded.model.parameters()} == {torch.bfloat16}
+    engine = Engine(loaded)
+    runner = asyncio.create_task(engine.run())
+    try:
+        collector = Collector()
+        engine.submit(Sequence([1, 2, 3], 5, RowSampler(SamplingParams()), [], collector))
+        await asyncio.wait_for(collector.done.wait(), 30)
+        assert collector.reason == LENGTH and len(collector.tokens) == 5
+    finally:
+        runner.cancel()
+        engine.close()
+    bad = ModelSpec(id="bad", source="random-llama:nope", context_window=256, max_output_tokens=16,
+                    capabilities=["streaming"])
+    with pytest.raises(ValueError, match="unknown shape"):
+        loader.load(bad, Path(load_settings().model_cache))

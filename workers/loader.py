@@ -5,6 +5,9 @@
   plain safetensors copy in the model cache, so later starts take seconds.
 - ``tiny-random``: a small Llama-shaped model with random weights drawn from a fixed seed, and the
   SmolLM2 tokenizer; built on the fly, for tests and benchmarks.
+- ``random-llama:<shape>``: random weights in a real model's shape (``LLAMA_SHAPES``) with the SmolLM2
+  tokenizer (so its vocabulary: 49,152 rather than 128,256 rows of embeddings), built on the device
+  in the spec's dtype; for measuring speed on real hardware without downloading weights.
 - ``hf-dir:<path>``: a transformers model directory.
 """
 
@@ -56,6 +59,13 @@ def pick_dtype(spec: ModelSpec, device: torch.device) -> torch.dtype:
     return torch.bfloat16 if device.type == "cuda" else torch.float32
 
 
+# transformers LlamaConfig arguments of each random-llama shape
+LLAMA_SHAPES: dict[str, dict[str, Any]] = {
+    "llama-3.1-8b": {"hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+                     "num_attention_heads": 32, "num_key_value_heads": 8, "rope_theta": 500000.0},
+}
+
+
 def load(spec: ModelSpec, cache_dir: Path) -> LoadedModel:
     device = pick_device(spec)
     dtype = pick_dtype(spec, device)
@@ -66,6 +76,8 @@ def load(spec: ModelSpec, cache_dir: Path) -> LoadedModel:
         path = Path(location)
     elif kind == "tiny-random":
         return _tiny_random(spec, cache_dir, device, dtype)
+    elif kind == "random-llama":
+        return _random_llama(spec, cache_dir, device, dtype)
     else:
         raise ValueError(f"model {spec.id!r}: unknown source {spec.source!r}")
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
@@ -154,5 +166,24 @@ def _tiny_random(spec: ModelSpec, cache_dir: Path, device: torch.device, dtype: 
         torch.manual_seed(spec.seed)
         model = LlamaForCausalLM(config)
     model = model.to(device=device, dtype=dtype).eval()
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    return LoadedModel(spec, model, make_card(spec, tokenizer, tokenizer.eos_token_id), device)
+
+
+def random_llama_config(spec: ModelSpec, tokenizer: Any) -> LlamaConfig:
+    shape = spec.source.partition(":")[2]
+    if shape not in LLAMA_SHAPES:
+        raise ValueError(f"model {spec.id!r}: unknown shape {shape!r} (known: {', '.join(LLAMA_SHAPES)})")
+    return LlamaConfig(vocab_size=len(tokenizer), max_position_embeddings=spec.context_window,
+                       bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                       pad_token_id=tokenizer.pad_token_id, **LLAMA_SHAPES[shape])
+
+
+def _random_llama(spec: ModelSpec, cache_dir: Path, device: torch.device, dtype: torch.dtype) -> LoadedModel:
+    tokenizer = AutoTokenizer.from_pretrained(converted_gguf(SMOLLM2, cache_dir))
+    config = random_llama_config(spec, tokenizer)
+    torch.manual_seed(spec.seed)
+    with torch.device(device):  # initialised where it runs, in its dtype: no 32 GB float32 copy on the host
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype).eval()
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     return LoadedModel(spec, model, make_card(spec, tokenizer, tokenizer.eos_token_id), device)

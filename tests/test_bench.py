@@ -1,0 +1,23 @@
+"""The benchmark command runs end to end (its short form, on tiny-random); its figures are not
+judged here: speed is measured by running it (docs/performance.md), never in tests."""
+
+import re
+import subprocess
+import sys
+
+from tests.support import ROOT
+
+
+def test_throughput_benchmark_runs_and_reports_every_figure() -> None:
+    result = subprocess.run([sys.executable, "-m", "bench.throughput", "--quick", "--model", "tiny-random",
+                             "--threads", "1"], capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    table = result.stdout.split("\n\n")[-1]
+    for row in ("1 stream: tokens/s end to end", "1 stream: TTFT p50", "4 streams: aggregate tokens/s",
+                "fan-out: 50 readers x 22 events, gapless", "fan-out: write-to-receipt delay",
+                "fan-out: API CPU per 1,000 delivered events", "API memory per idle open stream",
+                "resume: Last-Event-ID to first replayed event", "Redis bytes per stored event",
+                "transformers serve"):
+        assert row in table, table
+    assert "GAPS" not in table
+    assert re.search(r"gapless +\| 50/50 ", table)

@@ -1,8 +1,11 @@
 """Per-token cost of grammar-constrained decoding against unconstrained decoding, in process.
 
 The same model, prompts, batch sizes and token budgets run through the worker's engine three times:
-free text, a json_schema grammar and a forced tool call grammar. Every sequence runs to its budget
-(the schemas allow long strings), so tokens/s compare like with like.
+free text, a json_schema grammar and a forced tool call grammar. Only the constraint differs: every
+case decodes from the same prompt tokens (a real request with tools also has a longer prompt, which
+is the prompt's cost, not the grammar's), grammars are compiled before the clock starts, and every
+sequence runs to its budget (the schemas demand long strings), so tokens/s compare like with like.
+The cases alternate within each repeat, so that a drift in machine speed hits them alike.
 
     python -m bench.constrained [--model smollm2:135m-instruct] [--tokens 64] [--batch 1 8] [--repeat 3]
 """
@@ -25,7 +28,8 @@ from workers.engine import Engine, Sequence
 from workers.grammar import GrammarConstraint, tokenizer_for
 from workers.sampling import RowSampler, SamplingParams
 
-LONG_TEXT = {"type": "string", "maxLength": 100000}
+# strings longer than any budget here: no sequence can end (close its JSON) before its budget
+LONG_TEXT = {"type": "string", "minLength": 4096, "maxLength": 100000}
 CASES: dict[str, dict[str, object]] = {
     "unconstrained": {},
     "json_schema": {"response_format": {"type": "json_schema", "json_schema": {"name": "doc", "schema": {
@@ -49,24 +53,28 @@ class Done:
 
 async def run_batch(engine: Engine, loaded: loader.LoadedModel, renderer: PromptRenderer, lltok: LLTokenizer,
                     case: dict[str, object], batch: int, budget: int) -> tuple[int, float]:
-    sinks = []
-    start = time.perf_counter()
+    sequences, sinks = [], []
     for i in range(batch):
-        request = msgspec.convert({"model": loaded.spec.id, "input": [{"type": "message", "role": "user", "content": [
-            {"type": "input_text", "text": f"Write a long article, number {i}."}]}], **case}, wire.ResponseRequest)
-        grammar = grammars.generation_grammar(request)
+        fields = {"model": loaded.spec.id, "input": [{"type": "message", "role": "user", "content": [
+            {"type": "input_text", "text": f"Write a long article, number {i}."}]}]}
+        plain = msgspec.convert(fields, wire.ResponseRequest)
+        grammar = grammars.generation_grammar(msgspec.convert({**fields, **case}, wire.ResponseRequest))
         constraint = GrammarConstraint(lltok, grammar) if grammar else None
         sink = Done()
         sinks.append(sink)
         # no stop tokens: every sequence runs to its budget
-        engine.submit(Sequence(renderer.prompt_ids(request), budget, RowSampler(SamplingParams(), constraint), [],
-                               sink))
+        sequences.append(Sequence(renderer.prompt_ids(plain), budget, RowSampler(SamplingParams(), constraint), [],
+                                  sink))
+    start = time.perf_counter()
+    for sequence in sequences:
+        engine.submit(sequence)
     await asyncio.gather(*(sink.event.wait() for sink in sinks))
     return sum(sink.tokens for sink in sinks), time.perf_counter() - start
 
 
 async def main(args: argparse.Namespace) -> None:
     settings = load_settings()
+    loader.limit_threads(settings.torch_threads)  # as a worker would run
     spec = Catalog.from_settings(settings).get(args.model)
     loaded = loader.load(spec, Path(settings.model_cache))
     renderer, lltok = PromptRenderer(loaded.card), tokenizer_for(loaded.card)
@@ -76,14 +84,15 @@ async def main(args: argparse.Namespace) -> None:
     print(f"model {spec.id} on {loaded.device}, {args.tokens} tokens per sequence, median of {args.repeat} runs")
     print(f"{'batch':>5}  {'case':<14} {'tokens/s':>9}  {'vs free text':>12}")
     for batch in args.batch:
-        base = 0.0
-        for name, case in CASES.items():
-            rates = []
-            for _ in range(args.repeat):
+        rates: dict[str, list[float]] = {name: [] for name in CASES}
+        for _ in range(args.repeat):
+            for name, case in CASES.items():
                 tokens, seconds = await run_batch(engine, loaded, renderer, lltok, case, batch, args.tokens)
-                rates.append(tokens / seconds)
-            rate = statistics.median(rates)
-            base = base or rate
+                assert tokens == batch * args.tokens, f"{name}: {tokens} tokens, not {batch} x {args.tokens}"
+                rates[name].append(tokens / seconds)
+        base = statistics.median(rates["unconstrained"])
+        for name in CASES:
+            rate = statistics.median(rates[name])
             print(f"{batch:>5}  {name:<14} {rate:>9.1f}  {100 * (base - rate) / base:>+10.1f}% slower")
     runner.cancel()
     engine.close()

@@ -15,7 +15,8 @@ from types import TracebackType
 from transformers.utils.import_utils import is_serve_available
 
 from bench.sse import SseStream
-from bench.stack import free_port, wait_port
+from bench.stack import wait_port
+from lmsp.up import free_port
 from lmsp_core.catalog import SMOLLM2
 from workers import loader
 

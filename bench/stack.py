@@ -15,16 +15,11 @@ from typing import Any
 
 import redis
 
+from lmsp.up import free_port
+
 ROOT = Path(__file__).resolve().parent.parent
 TICKS = os.sysconf("SC_CLK_TCK")
 PAGE = os.sysconf("SC_PAGE_SIZE")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def wait_port(port: int, process: subprocess.Popen[bytes], timeout: float = 120) -> None:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from redis.asyncio import Redis
-from redis.exceptions import RedisError
+from redis.exceptions import NoScriptError, RedisError
 
 from lmsp_core import eventlog, keys, scripts
 from lmsp_core.settings import Settings
@@ -161,13 +161,18 @@ class EventWriter:
         async with self.redis.pipeline(transaction=False) as pipe:
             for log, batch in sending:
                 batch.sent = True
-                await self._append(keys=keys.script_keys(log.owner.task_id), args=self._args(log, batch), client=pipe)
+                task_keys = keys.script_keys(log.owner.task_id)
+                # EVALSHA straight into the pipeline: redis-py's Script would ask SCRIPT EXISTS first,
+                # a second round trip per flush; a Redis that lost its scripts answers NOSCRIPT
+                pipe.execute_command("EVALSHA", self._append.sha, len(task_keys), *task_keys, *self._args(log, batch))
             try:
                 results = await pipe.execute(raise_on_error=False)
             except BaseException:
                 for _, batch in sending:
                     batch.sent = False
                 raise
+        if any(isinstance(result, NoScriptError) for result in results):
+            await self.redis.script_load(scripts.APPEND)  # a restarted Redis: those batches go again
         for (log, batch), result in zip(sending, results, strict=True):
             self._settle(log, batch, result)
         async with self._flushed:
@@ -188,7 +193,8 @@ class EventWriter:
         if self._logs.get(log.owner.task_id) is not log or batch not in log.batches:
             return
         if isinstance(result, Exception):
-            logger.error("append to task %s failed: %s", log.owner.task_id, result)
+            if not isinstance(result, NoScriptError):
+                logger.error("append to task %s failed: %s", log.owner.task_id, result)
             batch.sent = False
             self._dirty.set()
             return

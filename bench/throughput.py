@@ -176,15 +176,13 @@ class BenchRun:
 
     def __init__(self, task_id: str, lease: str, response_id: str) -> None:
         self.task_id, self.lease, self.response_id = task_id, lease, response_id
-        self.done = asyncio.Event()
 
     def on_cancel_requested(self) -> None: ...
 
     def on_fenced(self) -> None:
         raise RuntimeError("the bench lost the fan-out task's lease")
 
-    def on_final_durable(self) -> None:
-        self.done.set()
+    def on_final_durable(self) -> None: ...
 
 
 async def create_task(port: int) -> dict[str, Any]:
@@ -196,23 +194,6 @@ async def create_task(port: int) -> dict[str, Any]:
     writer.close()
     result: dict[str, Any] = json.loads(raw.partition(b"\r\n\r\n")[2])
     return result
-
-
-class Follower:
-    def __init__(self, port: int, task_id: str, after: int = 0) -> None:
-        headers = {"Last-Event-ID": str(after)} if after else {}
-        self.stream = SseStream(HOST, port, "GET", f"/lmsp/v1/tasks/{task_id}/events", headers=headers)
-        self.arrivals: dict[int, float] = {}
-        self.ids: list[int] = []
-        self.ready = asyncio.Event()
-
-    async def run(self) -> None:
-        async for arrived, events in self.stream.batches():
-            self.ready.set()
-            for event in events:
-                if event.id is not None:
-                    self.ids.append(event.id)
-                    self.arrivals[event.id] = arrived
 
 
 async def write_events(stack: Stack, settings: Settings, task: dict[str, Any], count: int,
@@ -297,13 +278,14 @@ async def resume(stack: Stack, table: Table, task_id: str, events: int, count: i
     waits = []
     for _ in range(count):
         after = random.randint(1, events - 1)
-        follower = Follower(stack.api_port, task_id, after)
+        stream = SseStream(HOST, stack.api_port, "GET", f"/lmsp/v1/tasks/{task_id}/events",
+                           headers={"Last-Event-ID": str(after)})
         start = time.perf_counter()
-        async for arrived, batch in follower.stream.batches():
+        async for arrived, batch in stream.batches():
             if any(e.id == after + 1 for e in batch):
                 waits.append((arrived - start) * 1000)
                 break
-        follower.stream.close()
+        stream.close()
     table.add("resume: Last-Event-ID to first replayed event p50 / p99",
               f"{percentile(waits, 50):.1f} / {percentile(waits, 99):.1f} ms")
 

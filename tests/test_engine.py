@@ -97,6 +97,42 @@ async def test_stop_tokens_and_resumed_sequences(tiny: loader.LoadedModel) -> No
     assert resumed.reason == LENGTH and resumed.tokens == reference[8:]
 
 
+
+async def test_grammar_constrained_and_free_sequences_share_a_batch(tiny: loader.LoadedModel) -> None:
+    import json
+
+    import msgspec
+
+    from lmsp_core import grammars, wire
+    from lmsp_core.chat import PromptRenderer
+    from workers.grammar import GrammarConstraint, tokenizer_for
+
+    schema = {"type": "object", "properties": {"size": {"enum": ["small", "large"]}, "count": {"type": "integer"}},
+              "required": ["size"], "additionalProperties": False}
+    message = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "x"}]}
+    request = msgspec.convert({"model": "tiny-random", "input": [message], "response_format": {
+        "type": "json_schema", "json_schema": {"name": "s", "schema": schema}}}, wire.ResponseRequest)
+    grammar = grammars.generation_grammar(request)
+    assert grammar is not None
+    engine = Engine(tiny)
+    runner = asyncio.create_task(engine.run())
+    free, constrained = Collector(), Collector()
+    try:
+        engine.submit(Sequence([4, 5, 6, 7], 30, RowSampler(SamplingParams()), [], free))
+        await asyncio.sleep(0.02)  # the constrained one joins the running batch
+        constraint = GrammarConstraint(tokenizer_for(tiny.card), grammar)
+        engine.submit(Sequence([1, 2, 3], 200, RowSampler(SamplingParams(), constraint),
+                               tiny.card.stop_token_ids, constrained))
+        await asyncio.wait_for(asyncio.gather(free.done.wait(), constrained.done.wait()), 60)
+    finally:
+        runner.cancel()
+        engine.close()
+    assert free.tokens == alone(tiny, [4, 5, 6, 7], 30)  # its neighbour's mask did not touch its row
+    assert constrained.reason == STOP  # the grammar completed: random weights alone never would
+    text = PromptRenderer(tiny.card).tokenizer.decode(constrained.tokens, skip_special_tokens=True)
+    document = json.loads(text)
+    assert document["size"] in ("small", "large") and set(document) <= {"size", "count"}
+
 def test_llama_8b_random_has_the_8b_shape() -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

@@ -129,6 +129,11 @@ def arq_in_progress(job_id: str) -> str:
     return in_progress_key_prefix + job_id
 
 
+def arq_job(job_id: str) -> str:
+    """String (arq's): a job's definition (function, arguments, enqueue time)."""
+    return job_key_prefix + job_id
+
+
 def arq_job_keys(job_id: str) -> list[str]:
     """arq's keys of a job: its definition, its running marker and its try count."""
-    return [job_key_prefix + job_id, arq_in_progress(job_id), retry_key_prefix + job_id]
+    return [arq_job(job_id), arq_in_progress(job_id), retry_key_prefix + job_id]

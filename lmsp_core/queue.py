@@ -86,5 +86,5 @@ async def withdraw(redis: Redis, job_id: str, model_id: str) -> None:
     nor waits for a worker to pop it (a model without workers would keep it forever)."""
     async with redis.pipeline(transaction=False) as pipe:
         pipe.zrem(keys.queue(model_id), job_id)
-        pipe.delete(keys.arq_job_keys(job_id)[0])
+        pipe.delete(keys.arq_job(job_id))
         await pipe.execute()

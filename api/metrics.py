@@ -36,6 +36,7 @@ class WorkerState(msgspec.Struct, frozen=True, kw_only=True):
     host: str
     device: str
     models: list[str]
+    state: str  # warming (loading, compiling) or ready
     running: int
     started_at: int
 
@@ -49,7 +50,8 @@ class ServiceState(msgspec.Struct, frozen=True, kw_only=True):
 
 async def service_state(redis: Redis, catalog: Catalog) -> ServiceState:
     workers = await registry.live_workers(redis)
-    serving: Counter[str] = Counter(model for info in workers for model in info.models)
+    serving = registry.ready_per_model(workers)
+    warming = registry.warming_per_model(workers)
     running: Counter[str] = Counter()
     for info in workers:
         running.update(info.running)
@@ -60,10 +62,11 @@ async def service_state(redis: Redis, catalog: Catalog) -> ServiceState:
         depths = await pipe.execute()
     # an arq job stays in its queue until it finishes: the waiting ones are those not running
     return ServiceState(
-        models=[ModelState(id=spec.id, status="available" if serving[spec.id] else "unavailable",
+        models=[ModelState(id=spec.id, status="available" if serving[spec.id] else
+                           "warming" if warming[spec.id] else "unavailable",
                            workers=serving[spec.id], queued=max(0, int(depth) - running[spec.id]),
                            running=running[spec.id]) for spec, depth in zip(models, depths, strict=True)],
-        workers=[WorkerState(id=info.id, host=info.host, device=info.device, models=info.models,
+        workers=[WorkerState(id=info.id, host=info.host, device=info.device, models=info.models, state=info.state,
                              running=sum(info.running.values()), started_at=int(info.started_at))
                  for info in workers],
     )

@@ -48,8 +48,11 @@ def rss_bytes(pid: int) -> int:
 class Stack:
     """redis-server + ``lmsp api`` + ``lmsp worker`` for the given model specs (the first is served)."""
 
-    def __init__(self, models: list[dict[str, Any]], served: list[str], torch_threads: int) -> None:
+    def __init__(self, models: list[dict[str, Any]], served: list[str], torch_threads: int,
+                 extra_env: dict[str, str] | None = None) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="lmsp-bench-"))
+        self.extra_env = extra_env or {}
+        self.worker_ready_seconds = 0.0
         self.models_file = self.dir / "models.json"
         self.models_file.write_text(json.dumps(models))
         self.served = served
@@ -66,6 +69,7 @@ class Stack:
         env.update(LMSP_REDIS_URL=self.redis_url, LMSP_MODELS_FILE=str(self.models_file), LMSP_AUTH="none",
                    LMSP_RATE_LIMIT="0", LMSP_MAX_STREAMS="0", LMSP_MAX_QUEUE_DEPTH="0", LMSP_LOG_LEVEL="WARNING",
                    LMSP_TORCH_THREADS=str(self.torch_threads), PYTHONUNBUFFERED="1")
+        env.update(self.extra_env)
         return env
 
     def _spawn(self, args: list[str], log: str) -> subprocess.Popen[bytes]:
@@ -81,19 +85,23 @@ class Stack:
         wait_port(self.redis_port, self.redis)
         self.api = self._spawn([sys.executable, "-m", "lmsp.cli", "api", "--port", str(self.api_port)], "api.log")
         models = [arg for model in self.served for arg in ("--model", model)]
+        started = time.perf_counter()
         self.worker = self._spawn([sys.executable, "-m", "lmsp.cli", "worker", *models], "worker.log")
         wait_port(self.api_port, self.api)
         self._wait_worker()
+        self.worker_ready_seconds = time.perf_counter() - started
         return self
 
-    def _wait_worker(self, timeout: float = 300) -> None:
+    def _wait_worker(self, timeout: float = 1800) -> None:
         client = redis.Redis.from_url(self.redis_url)
         deadline = time.monotonic() + timeout
         try:
             while time.monotonic() < deadline:
                 if self.worker.poll() is not None:
                     raise RuntimeError(f"the worker exited:\n{(self.dir / 'worker.log').read_text()[-3000:]}")
-                if client.keys("lmsp:worker:*"):
+                states = [json.loads(raw).get("state") for key in client.keys("lmsp:worker:*")  # type: ignore[union-attr,arg-type]
+                          if (raw := client.get(key))]
+                if "ready" in states:
                     return
                 time.sleep(0.1)
         finally:

@@ -25,6 +25,7 @@ import json
 import os
 import random
 import statistics
+import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -35,7 +36,7 @@ import msgspec
 import redis.asyncio as aioredis
 import torch
 
-from bench import hfserve
+from bench import hfserve, modelstep
 from bench.sse import EventIdReader, SseStream
 from bench.stack import Stack, cpu_seconds, rss_bytes
 from lmsp_core import keys, wire
@@ -315,9 +316,19 @@ def ratio(service: float, baseline: float) -> str:
     return f"{service / baseline:.2f}" if baseline else "-"
 
 
-async def throughput(args: argparse.Namespace, stack: Stack, local: InProcess, table: Table) -> dict[int, float]:
+@dataclass
+class Measured:
+    """What later sections compare with: 1-stream tokens/s and TTFT p50 (ms), aggregate tokens/s."""
+
+    single: float = 0.0
+    ttft_ms: float = 0.0
+    rates: dict[int, float] = field(default_factory=dict)
+
+
+async def throughput(args: argparse.Namespace, stack: Stack, local: InProcess, table: Table) -> Measured:
     model = args.model
-    rates: dict[int, float] = {}
+    measured = Measured()
+    rates = measured.rates
     await stream_response(stack.api_port, model, prompt_text(0), 8)  # warm-up
     local.generate([local.prompt(prompt_text(0))], 8)
     prompt = local.prompt(prompt_text(0))
@@ -327,6 +338,7 @@ async def throughput(args: argparse.Namespace, stack: Stack, local: InProcess, t
         local_runs.append(local.generate([prompt], args.tokens))
     service_rate = statistics.median(r.tokens / r.seconds for r in service_runs)
     local_rate = statistics.median(t / s for t, s in local_runs)
+    measured.single = service_rate
     table.add("1 stream: tokens/s end to end", f"{service_rate:.1f}", f"{local_rate:.1f} generate",
               ratio(service_rate, local_rate), ">= 0.95")
     # time to first token: many short pairs (a prefill's own noise is larger than what we add)
@@ -335,6 +347,7 @@ async def throughput(args: argparse.Namespace, stack: Stack, local: InProcess, t
         service_ttft.append((await stream_response(stack.api_port, model, prompt_text(0), 1)).ttft * 1000)
         local_ttft.append(local.generate([prompt], 1)[1] * 1000)
     added = statistics.median(s - t for s, t in zip(service_ttft, local_ttft, strict=True))
+    measured.ttft_ms = statistics.median(service_ttft)
     table.add("1 stream: TTFT p50 (service / in-process)", f"{statistics.median(service_ttft):.1f} ms",
               f"{statistics.median(local_ttft):.1f} ms", f"{added:+.1f} ms", "+<= 10 ms")
     for count in args.streams:
@@ -351,7 +364,39 @@ async def throughput(args: argparse.Namespace, stack: Stack, local: InProcess, t
         table.add(row, f"{rate:.1f}", f"{local_rate:.1f} batched generate", ratio(rate, local_rate),
                   ">= 0.9" if count == 16 else "")
         rates[count] = rate
-    return rates
+    return measured
+
+
+async def model_step(args: argparse.Namespace, stack: Stack, local: InProcess, table: Table, measured: Measured,
+                     threads: int) -> None:
+    """The model step itself: against llama.cpp, over a long generation, while a long prompt joins."""
+    prompt = local.prompt(prompt_text(0))
+    theirs = modelstep.llama_cpp_rates(local.loaded.spec, Path(load_settings().model_cache), prompt, args.tokens,
+                                       threads, args.repeat)
+    if theirs is None:
+        table.add("1 stream: vs llama.cpp", "not installed (see docs/performance.md)")
+    else:
+        rate, first = theirs
+        table.add(f"1 stream: vs llama.cpp ({threads} threads, same GGUF)", f"{measured.single:.1f}",
+                  f"{rate:.1f} llama.cpp", ratio(measured.single, rate), ">= 0.8")
+        table.add("1 stream: TTFT p50 vs llama.cpp", f"{measured.ttft_ms:.1f} ms", f"{first * 1000:.1f} ms",
+                  "", "<= 60 ms")
+    first_rate, last_rate, count = await modelstep.long_generation(stack.api_port, args.model, args.long_tokens)
+    table.add(f"long generation ({count} tokens): tokens/s at the last 100 / first 100", f"{last_rate:.1f}",
+              f"{first_rate:.1f}", ratio(last_rate, first_rate), ">= 0.9")
+    text = modelstep.long_prompt_text(local, args.long_tokens)
+    median, p99, worst = await modelstep.joining_prompt(stack.api_port, args.model, text)
+    table.add(f"8 streams, a {len(local.prompt(text))}-token prompt joins: inter-token delay p99 (max) / median",
+              f"{p99 * 1000:.0f} ({worst * 1000:.0f}) ms", f"{median * 1000:.0f} ms", f"{p99 / median:.1f}x", "<= 2x")
+
+
+def startup(models: list[dict[str, Any]], spec: Any, threads: int, table: Table) -> None:
+    """A worker's first start (nothing compiled yet) and its restart (the compile cache on disk)."""
+    with tempfile.TemporaryDirectory(prefix="lmsp-compiled-") as compiled:
+        cold = modelstep.startup_seconds(models, spec.id, threads, Path(compiled))
+        warm = modelstep.startup_seconds(models, spec.id, threads, Path(compiled))
+    table.add(f"worker start, {'compiled' if spec.compile else 'eager'}: first / restart", f"{cold:.0f} s",
+              f"{warm:.0f} s", "", "restart <= 20 s")
 
 
 async def versus_hf_serve(args: argparse.Namespace, local: InProcess, table: Table, rates: dict[int, float],
@@ -382,11 +427,14 @@ async def main(args: argparse.Namespace) -> None:
     with Stack(models, [spec.id], threads) as stack:
         print(f"model {spec.id} on {local.loaded.device} ({local.loaded.model.dtype}), {threads} torch threads, "
               f"{os.cpu_count()} CPUs; {args.tokens} tokens per stream, median of {args.repeat}", flush=True)
-        rates = await throughput(args, stack, local, table)
+        measured = await throughput(args, stack, local, table)
+        await model_step(args, stack, local, table, measured, threads)
         task_id = await fan_out(stack, table, args.readers, args.events, args.rate)
         await resume(stack, table, task_id, args.events, args.resumes)
         await storage(stack, table)
-    await versus_hf_serve(args, local, table, rates, Path(settings.model_cache), threads)
+    await versus_hf_serve(args, local, table, measured.rates, Path(settings.model_cache), threads)
+    if args.startup:
+        startup(models[:1], served, threads, table)
     print()
     print(table.render())
 
@@ -404,11 +452,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rate", type=float, default=20.0, help="fan-out events per second")
     parser.add_argument("--resumes", type=int, default=200)
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: all cores but one)")
+    parser.add_argument("--long-tokens", type=int, default=1500, help="the long generation and the joining prompt")
+    parser.add_argument("--startup", action="store_true", help="also time a worker's first start and restart")
     parser.add_argument("--quick", action="store_true", help="a short run (smoke test)")
     args = parser.parse_args(argv)
     if args.quick:
         args.tokens, args.repeat, args.streams, args.rounds, args.ttft_samples = 16, 2, [1, 4], 1, 3
         args.readers, args.events, args.rate, args.resumes = 50, 20, 50.0, 20
+        args.long_tokens = 300
     return args
 
 

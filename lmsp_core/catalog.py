@@ -54,6 +54,12 @@ class ModelSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     device: str = "auto"  # "auto" picks CUDA when present, else CPU
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     max_batch_size: Annotated[int, Meta(ge=1, le=1024)] = 32
+    # compile the decoding step (torch.compile; CUDA graphs on a GPU): faster steps, after a warm-up
+    # that compiles once and is cached on disk (docs/performance.md)
+    compile: bool = True
+    # decoding on 4-bit weights (CPU, bfloat16): "auto" when the weights already are 4-bit groups (a
+    # Q4 GGUF: repacking them loses nothing), "int4" always (lossy for other models), "dense" never
+    weights: Literal["auto", "dense", "int4"] = "auto"
     seed: int = 0  # weights of the random models
     max_queue_depth: Annotated[int, Meta(ge=0)] | None = None  # overrides LMSP_MAX_QUEUE_DEPTH (0: no limit)
     chat_template: str | None = None  # replaces the tokenizer's chat template
@@ -77,6 +83,8 @@ TINY_RANDOM = ModelSpec(
     context_window=2048,
     max_output_tokens=1024,
     capabilities=["streaming", "tools", "structured_output", "conversations"],
+    dtype="float32",  # the same greedy tokens alone and in any batch (the tests rely on it)
+    compile=False,  # built in a second: for tests, which should not wait for a compiler
 )
 
 LLAMA_8B_RANDOM = ModelSpec(

@@ -1,12 +1,17 @@
 """Live workers and the model cards they publish.
 
 A worker heartbeats into a sorted set (score: the time its heartbeat expires) and keeps a small
-hash describing itself; readers drop entries whose heartbeat lapsed. The model card (tokenizer and
+hash describing itself (``warming`` while it loads and warms up its models, then ``ready``);
+readers drop entries whose heartbeat lapsed. The model card (tokenizer and
 chat template) lets API processes on other hosts count prompt tokens exactly as the worker does.
 """
 
+import os
+import secrets
+import socket
 import time
 from collections import Counter
+from typing import Literal
 
 import msgspec
 from redis.asyncio import Redis
@@ -23,7 +28,16 @@ class WorkerInfo(msgspec.Struct, frozen=True, kw_only=True):
     pid: int
     started_at: float
     device: str
+    # "warming" while it loads its models and warms them up (compiling), then "ready" for jobs
+    state: Literal["warming", "ready"] = "ready"
     running: dict[str, int] = {}  # tasks running now, per model (as of the last heartbeat)
+
+
+def new_worker(models: list[str], device: str) -> WorkerInfo:
+    """A worker that is starting: a fresh id, ``warming``."""
+    host, pid = socket.gethostname(), os.getpid()
+    return WorkerInfo(id=f"{host}-{pid}-{secrets.token_hex(3)}", models=models, host=host, pid=pid,
+                      started_at=time.time(), device=device, state="warming")
 
 
 async def publish_card(redis: Redis, card: ModelCard) -> None:
@@ -73,4 +87,13 @@ async def live_workers(redis: Redis) -> list[WorkerInfo]:
 
 
 async def workers_per_model(redis: Redis) -> Counter[str]:
-    return Counter(model for info in await live_workers(redis) for model in info.models)
+    """Live workers ready to take jobs, per model (warming ones do not count)."""
+    return ready_per_model(await live_workers(redis))
+
+
+def ready_per_model(workers: list[WorkerInfo]) -> Counter[str]:
+    return Counter(model for info in workers if info.state == "ready" for model in info.models)
+
+
+def warming_per_model(workers: list[WorkerInfo]) -> Counter[str]:
+    return Counter(model for info in workers if info.state == "warming" for model in info.models)

@@ -345,13 +345,17 @@ class TaskList(Struct, frozen=True, kw_only=True):
 Capability = Literal["streaming", "tools", "structured_output", "conversations"]
 
 
+# available: a ready worker serves it; warming: its workers are still warming up (compiling)
+ModelStatus = Literal["available", "warming", "unavailable"]
+
+
 class ModelObject(Struct, frozen=True, kw_only=True):
     id: str
     object: Literal["model"] = "model"
     context_window: int
     max_output_tokens: int
     capabilities: list[str]
-    status: Literal["available", "unavailable"]
+    status: ModelStatus
     workers: int
 
 

@@ -12,11 +12,13 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import msgspec
 import pytest
 import pytest_asyncio
 import redis.asyncio as aioredis
 
-from tests.support import SECURE_CORS_ORIGIN, Api, RedisServer, TokenFactory, Worker
+from lmsp_core.catalog import SMOLLM2
+from tests.support import SECURE_CORS_ORIGIN, Api, RedisServer, TokenFactory, Worker, tiny_spec
 
 # ChatML whose generation prompt opens a reasoning section (as DeepSeek-R1's does), and which renders
 # the reasoning of an assistant turn that has some (as Qwen3's does for the current turn)
@@ -33,24 +35,20 @@ REASONING_BUDGET = 16
 
 # models only the tests use; "tiny-unserved" never gets a worker
 TEST_MODELS: list[dict[str, Any]] = [
-    {"id": "tiny-unserved", "source": "tiny-random", "context_window": 2048, "max_output_tokens": 1024,
-     "capabilities": ["streaming"]},
+    tiny_spec("tiny-unserved"),
     # its worker is configured with a 24-token context window (see test_failures.py)
-    {"id": "tiny-mismatch", "source": "tiny-random", "context_window": 2048, "max_output_tokens": 1024,
-     "capabilities": ["streaming"]},
+    tiny_spec("tiny-mismatch"),
     # never gets a worker; its queue holds at most two tasks (see test_limits.py)
-    {"id": "tiny-queue", "source": "tiny-random", "context_window": 2048, "max_output_tokens": 1024,
-     "capabilities": ["streaming"], "max_queue_depth": 2},
+    tiny_spec("tiny-queue", max_queue_depth=2),
     # served by ``variant_worker``: a reasoning model whose budget closes the section (random
     # weights never do), and a model that runs one task at a time (see test_priority.py)
-    {"id": "tiny-reasoning", "source": "tiny-random", "context_window": 2048, "max_output_tokens": 1024,
-     "capabilities": ["streaming", "tools", "structured_output"], "chat_template": REASONING_TEMPLATE,
-     "reasoning": {"opened_by": "template", "budget": REASONING_BUDGET}},
-    {"id": "tiny-serial", "source": "tiny-random", "context_window": 32768, "max_output_tokens": 32000,
-     "capabilities": ["streaming"], "max_batch_size": 1},
+    tiny_spec("tiny-reasoning", capabilities=["streaming", "tools", "structured_output"],
+              chat_template=REASONING_TEMPLATE, reasoning={"opened_by": "template", "budget": REASONING_BUDGET}),
+    tiny_spec("tiny-serial", context_window=32768, max_output_tokens=32000, max_batch_size=1),
     # served only by the per-GPU workers of test_gpus.py, one task at a time each
-    {"id": "tiny-pinned", "source": "tiny-random", "context_window": 2048, "max_output_tokens": 1024,
-     "capabilities": ["streaming"], "max_batch_size": 1},
+    tiny_spec("tiny-pinned", max_batch_size=1),
+    # the default model as the tests run it: without compiling its decoding step (minutes)
+    msgspec.to_builtins(msgspec.structs.replace(SMOLLM2, compile=False)),
 ]
 
 

@@ -13,7 +13,7 @@ import httpx
 from arq.connections import ArqRedis
 
 from lmsp_core import keys, wire
-from tests.support import Api, RedisServer, SseEvent, Worker, collect, sse_events
+from tests.support import Api, RedisServer, SseEvent, Worker, collect, sse_events, tiny_spec
 from tests.test_tasks import logged
 
 
@@ -25,8 +25,7 @@ def models_file(specs: list[dict[str, Any]]) -> str:
 
 def tiny(model_id: str, **fields: Any) -> dict[str, Any]:
     """A model spec with tiny-random's weights (the same seed, so the same greedy text)."""
-    return {"id": model_id, "source": "tiny-random", "context_window": 2048, "max_output_tokens": 1024,
-            "capabilities": ["streaming"]} | fields
+    return tiny_spec(model_id, **fields)
 
 
 def text_of(log: list[SseEvent]) -> str:

@@ -155,7 +155,7 @@ class Worker(Service):
         self.models = models
 
     async def ready(self, timeout: float = 120) -> "Worker":
-        """Wait until this process heartbeats in Redis."""
+        """Wait until this process heartbeats in Redis as ready (warmed up)."""
         assert self.process is not None
         client = aioredis.Redis.from_url(self.redis_url)
         deadline = time.monotonic() + timeout
@@ -165,12 +165,20 @@ class Worker(Service):
                     raise RuntimeError(f"worker exited:\n{self.output()[-3000:]}")
                 for key in await client.keys("lmsp:worker:*"):
                     raw = await client.get(key)
-                    if raw and msgspec.json.decode(raw)["pid"] == self.process.pid:
+                    info = msgspec.json.decode(raw) if raw else {}
+                    if info.get("pid") == self.process.pid and info.get("state") == "ready":
                         return self
                 await asyncio.sleep(0.1)
         finally:
             await client.aclose()
         raise TimeoutError(f"worker not ready:\n{self.output()[-3000:]}")
+
+
+def tiny_spec(model_id: str, **fields: Any) -> dict[str, Any]:
+    """A model spec with tiny-random's weights (the same seed, so the same greedy text), in float32 and
+    uncompiled as every test model: the same tokens on any CPU, and no wait for a compiler."""
+    return {"id": model_id, "source": "tiny-random", "context_window": 2048, "max_output_tokens": 1024,
+            "capabilities": ["streaming"], "dtype": "float32", "compile": False} | fields
 
 
 def user_input(text: str) -> list[dict[str, Any]]:

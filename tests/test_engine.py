@@ -152,7 +152,7 @@ async def test_random_llama_models_load_on_the_device_in_their_dtype(monkeypatch
                                                        "num_hidden_layers": 2, "num_attention_heads": 4,
                                                        "num_key_value_heads": 2})
     spec = ModelSpec(id="small-random", source="random-llama:small", context_window=256, max_output_tokens=16,
-                     capabilities=["streaming"], dtype="bfloat16")
+                     capabilities=["streaming"], dtype="bfloat16", compile=False)
     loaded = loader.load(spec, Path(load_settings().model_cache))
     assert {p.dtype for p in loaded.model.parameters()} == {torch.bfloat16}
     engine = Engine(loaded)

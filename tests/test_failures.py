@@ -13,7 +13,7 @@ import pytest
 import pytest_asyncio
 
 from lmsp_core import wire
-from tests.support import Api, RedisServer, Worker, body, collect
+from tests.support import Api, RedisServer, Worker, body, collect, tiny_spec
 from tests.test_errors import assert_problem
 from tests.test_tasks import logged
 
@@ -22,8 +22,7 @@ from tests.test_tasks import logged
 async def mismatch_worker(redis_server: RedisServer,
                           tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Worker]:
     path = tmp_path_factory.mktemp("mismatch") / "models.json"
-    path.write_text(json.dumps([{"id": "tiny-mismatch", "source": "tiny-random", "context_window": 24,
-                                 "max_output_tokens": 16, "capabilities": ["streaming"]}]))
+    path.write_text(json.dumps([tiny_spec("tiny-mismatch", context_window=24, max_output_tokens=16)]))
     worker = Worker(redis_server.url, ["tiny-mismatch"], models_file=str(path))
     worker.start()
     try:

@@ -24,6 +24,7 @@ from workers.grammar import GrammarConstraint
 from workers.output import OutputAssembler
 from workers.pipeline import OutputPipeline
 from workers.reasoning import ReasoningConstraint, ReasoningParser, Segment, closing_tokens
+from workers.sampling import LogitsConstraint
 from workers.stops import StopFilter
 
 TEMPLATE = ReasoningFormat(opened_by="template")
@@ -146,11 +147,18 @@ def test_reasoning_tokens_end_with_the_marker() -> None:
     assert plain.reasoning_tokens == 0
 
 
+def allowed_tokens(constraint: LogitsConstraint) -> list[int]:
+    """The tokens the constraint allows next (read from the bitmask row it writes)."""
+    vocab = tokenizer().get_vocab_size()
+    row = torch.zeros((vocab + 31) // 32, dtype=torch.int32)
+    constraint.allow(row)
+    bits = ((row[:, None] >> torch.arange(32, dtype=torch.int32)) & 1).flatten()[:vocab]
+    return list(bits.nonzero().flatten().tolist())
+
+
 def forced(constraint: ReasoningConstraint) -> int | None:
     """The one token the constraint allows next, or None if it allows more than one."""
-    logits = torch.zeros(tokenizer().get_vocab_size())
-    constraint.mask(logits)
-    allowed = torch.isfinite(logits).nonzero().flatten().tolist()
+    allowed = allowed_tokens(constraint)
     return allowed[0] if len(allowed) == 1 else None
 
 
@@ -193,9 +201,7 @@ def test_grammar_applies_after_the_section() -> None:
     constraint = ReasoningConstraint(tokenizer(), TEMPLATE, 2, closing, GrammarConstraint(lltokenizer, grammar))
     for token in [*encode(" a b")[:2], *closing]:
         constraint.accept(token)
-    logits = torch.zeros(tokenizer().get_vocab_size())
-    constraint.mask(logits)
-    allowed = {tokenizer().decode([t]) for t in torch.isfinite(logits).nonzero().flatten().tolist()}
+    allowed = {tokenizer().decode([t]) for t in allowed_tokens(constraint)}
     assert allowed and all(text.lstrip(" \n").startswith("{") or not text.strip() for text in allowed)
 
 

@@ -29,8 +29,8 @@ EXAMPLE: dict[str, Any] = {
 
 
 @pytest_asyncio.fixture(scope="module")
-async def smol(redis_server: RedisServer, api: Api) -> AsyncIterator[httpx.AsyncClient]:
-    worker = Worker(redis_server.url, [MODEL])
+async def smol(redis_server: RedisServer, api: Api, models_file: str) -> AsyncIterator[httpx.AsyncClient]:
+    worker = Worker(redis_server.url, [MODEL], models_file=models_file)  # uncompiled (conftest)
     worker.start()
     try:
         await worker.ready(timeout=300)

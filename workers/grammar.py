@@ -1,11 +1,10 @@
-"""Grammar-constrained decoding with llguidance: one matcher per sequence, masks applied in the
-engine's step on the batch's logits (see ``sampling.LogitsConstraint``)."""
+"""Grammar-constrained decoding with llguidance: one matcher per sequence, whose mask of allowed
+tokens the engine applies to the sequence's row in each step (see ``sampling.LogitsConstraint``)."""
 
 import logging
 from collections.abc import Sequence
 
 import llguidance
-import numpy as np
 import torch
 
 from lmsp_core.chat import ModelCard
@@ -23,17 +22,15 @@ class GrammarConstraint:
 
     def __init__(self, tokenizer: llguidance.LLTokenizer, grammar: str, generated: Sequence[int] = ()) -> None:
         self._matcher = llguidance.LLMatcher(tokenizer, grammar, log_level=0)
-        self._vocab = tokenizer.vocab_size
+        self._words = (tokenizer.vocab_size + 31) // 32
         if generated and not self._matcher.consume_tokens(list(generated)):
             raise ValueError(f"stored tokens do not follow the grammar: {self._matcher.get_error()}")
         if self._matcher.is_error():
             raise ValueError(self._matcher.get_error())
 
-    def mask(self, logits: torch.Tensor) -> None:
-        bits = np.unpackbits(np.frombuffer(self._matcher.compute_bitmask(), dtype=np.uint8), bitorder="little")
-        allowed = torch.from_numpy(bits[: self._vocab].astype(np.bool_)).to(logits.device)
-        logits[: self._vocab].masked_fill_(~allowed, float("-inf"))
-        logits[self._vocab:] = float("-inf")
+    def allow(self, bitmask: torch.Tensor) -> None:
+        bitmask[self._words:].zero_()  # the model's rows beyond the tokenizer's vocabulary
+        self._matcher.unsafe_compute_mask_ptr(bitmask.data_ptr(), self._words * 4)
 
     def accept(self, token: int) -> None:
         if not self._matcher.consume_token(token):

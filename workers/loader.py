@@ -17,7 +17,7 @@ import os
 import re
 import shutil
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, Llama
 
 from lmsp_core.catalog import SMOLLM2, ModelSpec
 from lmsp_core.chat import ModelCard
+from workers import precision
 from workers.reasoning import closing_tokens
 
 logger = logging.getLogger(__name__)
@@ -39,12 +40,19 @@ class LoadedModel:
     model: Any  # a transformers PreTrainedModel in eval mode
     card: ModelCard
     device: torch.device
+    # float32 weights of a model that runs in a lower precision, for packing (``packable``), by name
+    exact_weights: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.model.parameters()).dtype  # type: ignore[no-any-return]
 
 
 def limit_threads(threads: int) -> None:
     """Set torch's CPU threads (0: all cores but one)."""
     torch.set_num_threads(threads or max(1, (os.cpu_count() or 2) - 1))
-    torch.set_num_interop_threads(1)
+    if torch.get_num_interop_threads() != 1:  # settable once per process, before any parallel work
+        torch.set_num_interop_threads(1)
 
 
 def pick_device(spec: ModelSpec) -> torch.device:
@@ -53,10 +61,11 @@ def pick_device(spec: ModelSpec) -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def pick_dtype(spec: ModelSpec, device: torch.device) -> torch.dtype:
+def pick_dtype(spec: ModelSpec, device: torch.device, cache_dir: Path) -> torch.dtype:
+    """The spec's dtype; ``auto``: bfloat16 on a GPU, on a CPU whichever measures faster there."""
     if spec.dtype != "auto":
         return _DTYPES[spec.dtype]
-    return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return torch.bfloat16 if device.type == "cuda" else precision.cpu_dtype(cache_dir)
 
 
 # transformers LlamaConfig arguments of each random-llama shape
@@ -68,7 +77,7 @@ LLAMA_SHAPES: dict[str, dict[str, Any]] = {
 
 def load(spec: ModelSpec, cache_dir: Path) -> LoadedModel:
     device = pick_device(spec)
-    dtype = pick_dtype(spec, device)
+    dtype = pick_dtype(spec, device, cache_dir)
     kind, _, location = spec.source.partition(":")
     if kind == "gguf-package":
         path = converted_gguf(spec, cache_dir)
@@ -80,9 +89,22 @@ def load(spec: ModelSpec, cache_dir: Path) -> LoadedModel:
         return _random_llama(spec, cache_dir, device, dtype)
     else:
         raise ValueError(f"model {spec.id!r}: unknown source {spec.source!r}")
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
+    exact = packable(spec, device, dtype)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32 if exact else dtype).to(device).eval()
+    exact_weights = {}
+    if exact:  # the float32 weights stay at hand for packing (workers.decoder), the model runs in dtype
+        exact_weights = {name: p.data for name, p in model.named_parameters() if p.dim() == 2}
+        model = model.to(dtype)
     tokenizer = AutoTokenizer.from_pretrained(path)
-    return LoadedModel(spec, model, make_card(spec, tokenizer, model.generation_config.eos_token_id), device)
+    card = make_card(spec, tokenizer, model.generation_config.eos_token_id)
+    return LoadedModel(spec, model, card, device, exact_weights)
+
+
+def packable(spec: ModelSpec, device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether the model may run its decoding steps on 4-bit weights: on a CPU in bfloat16 (the 4-bit
+    kernel's fast path), unless its spec says ``weights: dense``."""
+    return (spec.weights != "dense" and device.type == "cpu" and dtype == torch.bfloat16
+            and hasattr(torch, "_weight_int4pack_mm_for_cpu"))
 
 
 def make_card(spec: ModelSpec, tokenizer: Any, eos_token_id: int | list[int] | None) -> ModelCard:

@@ -7,14 +7,17 @@ then hand the rest back to the queue (their next worker resumes them from the st
 import asyncio
 import contextlib
 import logging
+import os
 import signal
+import time
 from pathlib import Path
 
 from arq.connections import ArqRedis, RedisSettings, create_pool
 from arq.worker import func
+from redis.exceptions import RedisError
 
 from lmsp_core import keys, logs, registry
-from lmsp_core.catalog import Catalog
+from lmsp_core.catalog import Catalog, ModelSpec
 from lmsp_core.chat import PromptRenderer
 from lmsp_core.queue import GENERATE
 from lmsp_core.settings import Settings
@@ -42,16 +45,18 @@ async def connect(settings: Settings) -> ArqRedis:
 async def serve(settings: Settings, model_ids: list[str]) -> None:
     catalog = Catalog.from_settings(settings)
     specs = [catalog.get(model_id) for model_id in model_ids]
-    runtimes: dict[str, ModelRuntime] = {}
-    device = "cpu"
-    for spec in specs:
-        loaded = await asyncio.to_thread(loader.load, spec, Path(settings.model_cache))
-        runtimes[spec.id] = ModelRuntime(spec, Engine(loaded), PromptRenderer(loaded.card),
-                                         await asyncio.to_thread(tokenizer_for, loaded.card))
-        device = str(loaded.device)
-        logger.info("model %s ready on %s", spec.id, loaded.device)
+    compiled_cache(Path(settings.model_cache))
     redis = await connect(settings)
-    service = WorkerService(settings, redis, runtimes, device)
+    info = registry.new_worker(model_ids, str(loader.pick_device(specs[0])))
+    announcing = asyncio.create_task(_announce(redis, info, settings))  # warming, until the models are ready
+    engines: list[asyncio.Task[None]] = []
+    try:
+        runtimes = await _start_models(specs, settings, engines)
+    finally:
+        announcing.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await announcing
+    service = WorkerService(settings, redis, runtimes, info)
     for runtime in runtimes.values():
         await registry.publish_card(redis, runtime.renderer.card)
     workers = [
@@ -67,11 +72,10 @@ async def serve(settings: Settings, model_ids: list[str]) -> None:
         )
         for model_id, runtime in runtimes.items()
     ]
-    duties = [runtime.engine.run() for runtime in runtimes.values()]
     reaper = Reaper(redis, service.store, settings, runtimes, held_here=service.runs.keys)
-    duties += [service.writer.run(), service.heartbeat(), service.renew_leases(), reaper.run(),
-               listen_for_wakes(redis, service.wakes)]
-    background = [asyncio.create_task(duty) for duty in duties]
+    duties = [service.writer.run(), service.heartbeat(), service.renew_leases(), reaper.run(),
+              listen_for_wakes(redis, service.wakes)]
+    background = engines + [asyncio.create_task(duty) for duty in duties]
     polling = [asyncio.create_task(worker.main()) for worker in workers]
     await registry.heartbeat(redis, service.info, settings.worker_ttl)
     logger.info("worker %s taking jobs for %s", service.info.id, ", ".join(runtimes))
@@ -86,6 +90,37 @@ async def serve(settings: Settings, model_ids: list[str]) -> None:
     for runtime in runtimes.values():
         runtime.engine.close()
     await redis.aclose()
+
+
+def compiled_cache(model_cache: Path) -> None:
+    """Compiled decoding steps are kept beside the converted models, so a restart does not compile
+    again (torch's inductor cache; an explicit TORCHINDUCTOR_CACHE_DIR wins)."""
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(model_cache / "compiled"))
+
+
+async def _start_models(specs: list[ModelSpec], settings: Settings,
+                        engines: list[asyncio.Task[None]]) -> dict[str, ModelRuntime]:
+    """Load each model and warm up its engine (``engines`` gets their running tasks)."""
+    runtimes: dict[str, ModelRuntime] = {}
+    for spec in specs:
+        loaded = await asyncio.to_thread(loader.load, spec, Path(settings.model_cache))
+        engine = Engine(loaded)
+        engines.append(asyncio.create_task(engine.run()))
+        started = time.monotonic()
+        await engine.ready()
+        logger.info("model %s ready on %s (%s%s, warmed up in %.1f s)", spec.id, loaded.device,
+                    str(loaded.dtype).removeprefix("torch."), ", compiled" if engine.compile else "",
+                    time.monotonic() - started)
+        runtimes[spec.id] = ModelRuntime(spec, engine, PromptRenderer(loaded.card),
+                                         await asyncio.to_thread(tokenizer_for, loaded.card))
+    return runtimes
+
+
+async def _announce(redis: ArqRedis, info: registry.WorkerInfo, settings: Settings) -> None:
+    while True:
+        with contextlib.suppress(RedisError, OSError):
+            await registry.heartbeat(redis, info, settings.worker_ttl)
+        await asyncio.sleep(settings.worker_heartbeat)
 
 
 async def _until_signal() -> None:

@@ -15,7 +15,7 @@ import torch
 from tokenizers import Tokenizer
 
 from lmsp_core.catalog import ReasoningFormat
-from workers.sampling import LogitsConstraint
+from workers.sampling import LogitsConstraint, allow_only
 from workers.textstream import TextStream
 
 WHITESPACE = " \t\r\n"  # what may surround the markers (the grammars' whitespace)
@@ -148,12 +148,13 @@ class ReasoningConstraint:
     def forcing(self) -> bool:
         return bool(self._forced)
 
-    def mask(self, logits: torch.Tensor) -> None:
+    def allow(self, bitmask: torch.Tensor) -> None:
         if self._forced:
-            logits.fill_(float("-inf"))
-            logits[self._forced[0]] = 0.0
+            allow_only(bitmask, self._forced[0])
         elif self._grammar is not None:
-            self._grammar.mask(logits)
+            self._grammar.allow(bitmask)
+        else:
+            bitmask.fill_(-1)
 
     def accept(self, token: int) -> None:
         if self._grammar is not None:

@@ -1,23 +1,39 @@
 """Choosing the next token of each row: greedy, or temperature / top-p sampling with an optional
-per-sequence seed, after each sequence's logits constraint (a grammar) has masked its row."""
+per-sequence seed, after each sequence's constraint (a grammar, a reasoning budget) has said which
+tokens it allows.
+
+Everything runs on the model's device: constraints write their allowed tokens as bits into a host
+buffer, which goes to the device in one copy and masks all constrained rows at once; the chosen
+tokens come back to the host in one copy per step.
+"""
 
 from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
+from torch import Tensor
+
+BITS = 32  # tokens per word of a bitmask row (llguidance's layout: bit i of word j is token 32j+i)
 
 
 class LogitsConstraint(Protocol):
     """Restricts what a sequence may generate next (grammar-constrained decoding)."""
 
-    def mask(self, logits: torch.Tensor) -> None:
-        """Set the logits of forbidden tokens to -inf, in place (one row)."""
+    def allow(self, bitmask: Tensor) -> None:
+        """Write the tokens allowed next into ``bitmask`` (one row of int32 words, on the host)."""
 
     def accept(self, token: int) -> None:
         """Advance past a generated token."""
 
     def done(self) -> bool:
         """Whether the constraint is complete and generation must stop."""
+
+
+def allow_only(bitmask: Tensor, token: int) -> None:
+    """A bitmask row that allows one token."""
+    bitmask.zero_()
+    word, bit = divmod(token, BITS)
+    bitmask[word] = -(1 << 31) if bit == 31 else 1 << bit
 
 
 @dataclass(frozen=True)
@@ -48,8 +64,8 @@ class RowSampler:
                 self._generator.manual_seed(self.params.seed)
         return self._generator
 
-    def sample(self, logits: torch.Tensor) -> int:
-        """One token from one row of logits (float32)."""
+    def sample(self, logits: Tensor) -> Tensor:
+        """One token (a 1-element tensor on the logits' device) from one row of logits (float32)."""
         probs = torch.softmax(logits / self.params.temperature, dim=-1)
         if self.params.top_p < 1.0:
             sorted_probs, order = probs.sort(descending=True)
@@ -57,19 +73,46 @@ class RowSampler:
             outside = sorted_probs.cumsum(-1) - sorted_probs > self.params.top_p
             sorted_probs[outside] = 0.0
             probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
-        return int(torch.multinomial(probs, 1, generator=self.generator(logits.device)))
+        return torch.multinomial(probs, 1, generator=self.generator(logits.device))
 
 
-def choose(logits: torch.Tensor, samplers: list[RowSampler]) -> list[int]:
-    """The next token of every row; advances each row's constraint."""
-    logits = logits.float()
-    for row, sampler in enumerate(samplers):
-        if sampler.constraint is not None:
-            sampler.constraint.mask(logits[row])
-    tokens: list[int] = logits.argmax(dim=-1).tolist()
-    for row, sampler in enumerate(samplers):
-        if not sampler.greedy:
-            tokens[row] = sampler.sample(logits[row])
-        if sampler.constraint is not None:
-            sampler.constraint.accept(tokens[row])
-    return tokens
+class TokenChooser:
+    """Chooses the next token of up to ``rows`` rows per call, on ``device``."""
+
+    def __init__(self, rows: int, vocab: int, device: torch.device) -> None:
+        self.vocab = vocab
+        self.device = device
+        words = (vocab + BITS - 1) // BITS
+        self._host_masks = torch.zeros((rows, words), dtype=torch.int32, pin_memory=device.type == "cuda")
+        self._bits = torch.arange(BITS, dtype=torch.int32, device=device)
+
+    def choose(self, logits: Tensor, samplers: list[RowSampler]) -> list[int]:
+        """The next token of every row of ``logits`` ([rows, vocab]); advances each row's constraint."""
+        logits = logits.float()
+        constrained = [row for row, sampler in enumerate(samplers) if sampler.constraint is not None]
+        if constrained:
+            self._mask(logits, constrained, samplers)
+        tokens = logits.argmax(dim=-1)
+        for row, sampler in enumerate(samplers):
+            if not sampler.greedy:
+                tokens[row:row + 1] = sampler.sample(logits[row])
+        chosen: list[int] = tokens.tolist()  # the step's one copy to the host
+        for row in constrained:
+            constraint = samplers[row].constraint
+            assert constraint is not None
+            constraint.accept(chosen[row])
+        return chosen
+
+    def _mask(self, logits: Tensor, rows: list[int], samplers: list[RowSampler]) -> None:
+        masks = self._host_masks[: len(rows)]
+        for i, row in enumerate(rows):
+            constraint = samplers[row].constraint
+            assert constraint is not None
+            constraint.allow(masks[i])
+        words = masks.to(self.device, non_blocking=True)
+        allowed = ((words[:, :, None] >> self._bits) & 1).flatten(1).bool()
+        width = logits.shape[-1]
+        if allowed.shape[1] < width:  # the model's rows beyond the tokenizer's vocabulary
+            allowed = torch.nn.functional.pad(allowed, (0, width - allowed.shape[1]))
+        index = torch.tensor(rows, device=self.device)
+        logits[index] = logits[index].masked_fill(~allowed[:, :width], float("-inf"))

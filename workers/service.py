@@ -8,9 +8,7 @@ finds the task claimed or final and does nothing.
 
 import asyncio
 import logging
-import os
 import secrets
-import socket
 import time
 from collections import Counter
 from typing import Any
@@ -32,7 +30,8 @@ HAND_BACK_LIMIT = 5.0  # seconds a stopping worker tries to store a task's last 
 
 
 class WorkerService:
-    def __init__(self, settings: Settings, redis: Redis, runtimes: dict[str, ModelRuntime], device: str) -> None:
+    def __init__(self, settings: Settings, redis: Redis, runtimes: dict[str, ModelRuntime],
+                 info: registry.WorkerInfo) -> None:
         self.settings = settings
         self.redis = redis
         self.runtimes = runtimes
@@ -40,11 +39,7 @@ class WorkerService:
         self.writer = EventWriter(redis, settings)
         self.metrics = metrics.Recorder()
         self.runs: dict[str, TaskRun] = {}
-        self.info = registry.WorkerInfo(
-            id=f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}",
-            models=list(runtimes), host=socket.gethostname(), pid=os.getpid(), started_at=time.time(),
-            device=device,
-        )
+        self.info = msgspec.structs.replace(info, state="ready")
         self.wakes = {model_id: asyncio.Event() for model_id in runtimes}
         self._changed = asyncio.Condition()
 

@@ -12,11 +12,11 @@ from lmsp_core.errors import ServiceUnavailable
 # the Prometheus text format 0.0.4 (Litestar adds the charset)
 METRICS_MEDIA_TYPE = "text/plain; version=0.0.4"
 _READY = doc.LiteralExample(summary="Ready", value={
-    "status": "ok", "redis": True, "workers": 1, "models": {doc.MODEL: 1, "tiny-random": 0}})
+    "status": "ok", "redis": True, "workers": 1, "warming": 0, "models": {doc.MODEL: 1, "tiny-random": 0}})
 _STATUS = ServiceState(
     models=[ModelState(id=doc.MODEL, status="available", workers=1, queued=2, running=4)],
     workers=[WorkerState(id="gpu-host-4242-a1b2c3", host="gpu-host", device="cuda:0", models=[doc.MODEL],
-                         running=4, started_at=1794200000)],
+                         state="ready", running=4, started_at=1794200000)],
 )
 _METRICS = """# HELP lmsp_queue_depth Tasks waiting in a model's queue.
 # TYPE lmsp_queue_depth gauge
@@ -36,20 +36,24 @@ async def healthz() -> dict[str, str]:
 
 @get("/readyz", summary="Readiness: Redis reachable and at least one live worker", tags=["health"],
      opt={"public": True},
-     description="`200` when Redis answers and at least one worker heartbeats, else a `503 not_ready` problem "
-                 "document. `models` counts the live workers of each model of the catalog.",
+     description="`200` when Redis answers and at least one worker is ready, else a `503 not_ready` problem "
+                 "document (a worker that is loading and warming up its models, compiling, is not ready yet). "
+                 "`models` counts the ready workers of each model of the catalog, `warming` the others.",
      responses={200: doc.ok(dict[str, object], "Ready", _READY), **doc.problems("not_ready")})
 async def readyz(services: Services) -> Response[dict[str, object]]:
     try:
         await services.redis.ping()
-        counts = await registry.workers_per_model(services.redis)
         workers = await registry.live_workers(services.redis)
     except (RedisError, OSError):
         raise ServiceUnavailable("Not ready: Redis is unreachable.", code="not_ready", retry_after=2) from None
-    if not workers:
-        raise ServiceUnavailable("Not ready: no worker is alive.", code="not_ready", retry_after=2)
+    ready = [info for info in workers if info.state == "ready"]
+    if not ready:
+        detail = "workers are still warming up" if workers else "no worker is alive"
+        raise ServiceUnavailable(f"Not ready: {detail}.", code="not_ready", retry_after=2)
+    counts = registry.ready_per_model(workers)
     models = {spec.id: counts[spec.id] for spec in services.catalog}
-    return Response({"status": "ok", "redis": True, "workers": len(workers), "models": models})
+    return Response({"status": "ok", "redis": True, "workers": len(ready), "warming": len(workers) - len(ready),
+                     "models": models})
 
 
 @get("/metrics", summary="Prometheus metrics", tags=["health"], media_type=METRICS_MEDIA_TYPE,

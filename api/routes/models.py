@@ -8,11 +8,14 @@ from lmsp_core import registry, tokens, wire
 from lmsp_core.catalog import ModelSpec
 
 
-def model_object(spec: ModelSpec, workers: int) -> wire.ModelObject:
+def model_object(spec: ModelSpec, workers: list[registry.WorkerInfo]) -> wire.ModelObject:
+    ready = registry.ready_per_model(workers)[spec.id]
+    status: wire.ModelStatus = "available" if ready else \
+        "warming" if registry.warming_per_model(workers)[spec.id] else "unavailable"
     return wire.ModelObject(
         id=spec.id, context_window=spec.context_window, max_output_tokens=spec.max_output_tokens,
         capabilities=[*spec.capabilities, *(["reasoning"] if spec.reasoning else [])],
-        status="available" if workers else "unavailable", workers=workers,
+        status=status, workers=ready,
     )
 
 
@@ -23,17 +26,17 @@ class ModelsController(Controller):
 
     @get(summary="List models",
          description="Every model of the catalog with its context window, output cap, capabilities, and whether "
-                     "live workers serve it (`status`, `workers`).",
+                     "live workers serve it (`status`: `available`, `warming` while its workers warm up, or "
+                     "`unavailable`; `workers`: the ready ones).",
          responses={200: doc.ok(wire.ModelList, "The models", doc.example("Models", wire.ModelList(
              data=[doc.MODEL_OBJECT]))), **doc.problems("service_unavailable")})
     async def list_models(self, services: Services) -> wire.ModelList:
-        counts = await registry.workers_per_model(services.redis)
-        return wire.ModelList(data=[model_object(spec, counts[spec.id]) for spec in services.catalog])
+        workers = await registry.live_workers(services.redis)
+        return wire.ModelList(data=[model_object(spec, workers) for spec in services.catalog])
 
     @get("/{model_id:str}", summary="Get a model", description="One model of the catalog.",
          responses={200: doc.ok(wire.ModelObject, "The model", doc.example("A model", doc.MODEL_OBJECT)),
                     **doc.problems("invalid_request", "model_not_found", "service_unavailable")})
     async def get_model(self, services: Services, model_id: str) -> wire.ModelObject:
         spec = services.catalog.get(model_id)
-        counts = await registry.workers_per_model(services.redis)
-        return model_object(spec, counts[spec.id])
+        return model_object(spec, await registry.live_workers(services.redis))

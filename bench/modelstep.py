@@ -1,0 +1,122 @@
+"""What the model step costs, measured through the service: one stream against llama.cpp on the same
+GGUF file and thread count, a long generation's last tokens against its first, running streams while
+a long prompt joins, and a worker's cold start and warm restart (its compile cache).
+"""
+
+import asyncio
+import itertools
+import json
+import statistics
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from bench.sse import SseStream
+from bench.stack import Stack
+from lmsp_core import wire
+from workers import loader
+
+HOST = "127.0.0.1"
+LONG_PROMPT = ("The history of the lighthouse begins with fires lit on hilltops to guide ships along dangerous "
+               "coasts, and continues through towers of stone, oil lamps, clockwork lenses and electric beams. ")
+COUNTING = "Count from 1 to 2000, one number per line, without stopping."
+
+
+def user_input(text: str) -> list[dict[str, Any]]:
+    return [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}]
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
+
+
+async def delta_times(port: int, model: str, text: str, max_tokens: int,
+                      started: asyncio.Event | None = None) -> list[float]:
+    """Arrival times of a streamed response's text deltas (about one per token)."""
+    body = json.dumps({"model": model, "input": user_input(text), "stream": True, "max_output_tokens": max_tokens,
+                       "temperature": 0}).encode()
+    times: list[float] = []
+    async for arrived, events in SseStream(HOST, port, "POST", "/lmsp/v1/responses", body).batches():
+        times += [arrived for event in events if event.name == wire.TEXT_DELTA]
+        if started is not None and len(times) >= 20:
+            started.set()
+    return times
+
+
+# --- llama.cpp -------------------------------------------------------------------------------------
+
+
+def llama_cpp_rates(spec: Any, cache: Path, prompt: list[int], tokens: int, threads: int,
+                    repeat: int) -> tuple[float, float] | None:
+    """llama.cpp's tokens/s (end to end, as ours) and time to first token on the model's GGUF file,
+    with ``threads`` threads; None when llama-cpp-python is not installed or the model has no GGUF."""
+    try:
+        import llama_cpp
+    except ImportError:
+        return None
+    kind, _, location = spec.source.partition(":")
+    if kind != "gguf-package":
+        return None
+    llm = llama_cpp.Llama(model_path=str(loader._package_file(location)), n_threads=threads, n_threads_batch=threads,
+                          n_ctx=4096, verbose=False)
+    rates, firsts = [], []
+    for _ in range(repeat):
+        llm.reset()  # no prompt cache: the prompt is evaluated each time, as ours is
+        start = time.perf_counter()
+        first, count = 0.0, 0
+        for _token in llm.generate(prompt, top_k=1, top_p=1.0, temp=0.0, repeat_penalty=1.0):
+            count += 1
+            first = first or time.perf_counter() - start
+            if count == tokens:
+                break
+        rates.append(count / (time.perf_counter() - start))
+        firsts.append(first)
+    llm.close()
+    return statistics.median(rates), statistics.median(firsts)
+
+
+# --- long generations, a long prompt joining ------------------------------------------------------
+
+
+async def long_generation(port: int, model: str, tokens: int = 1500) -> tuple[float, float, int]:
+    """tokens/s over the first 100 tokens and over the last 100 of one long greedy generation."""
+    times = await delta_times(port, model, COUNTING, tokens)
+    if len(times) < 300:
+        return 0.0, 0.0, len(times)
+    first = 99 / (times[99] - times[0])
+    last = 99 / (times[-1] - times[-100])
+    return first, last, len(times)
+
+
+async def joining_prompt(port: int, model: str, prompt_text: str, streams: int = 8) -> tuple[float, float, float]:
+    """Inter-token delays of ``streams`` running streams: median over their whole run, p99 and max
+    while a long prompt joins (from its request to its first token)."""
+    started = [asyncio.Event() for _ in range(streams)]
+    running = [asyncio.create_task(delta_times(port, model, COUNTING, 400, started[i])) for i in range(streams)]
+    await asyncio.gather(*(event.wait() for event in started))
+    join_start = time.perf_counter()
+    joined = await delta_times(port, model, prompt_text, 1)
+    join_end = joined[0] if joined else time.perf_counter()
+    results = await asyncio.gather(*running)
+    delays = [b - a for times in results for a, b in itertools.pairwise(times)]
+    during = [b - a for times in results for a, b in itertools.pairwise(times)
+              if b >= join_start and a <= join_end]
+    return statistics.median(delays), percentile(during, 99), max(during)
+
+
+def long_prompt_text(local: Any, tokens: int) -> str:
+    """A user message whose rendered prompt has about ``tokens`` tokens."""
+    per_copy = len(local.prompt(LONG_PROMPT * 10)) - len(local.prompt(""))
+    copies = max(1, round(tokens * 10 / per_copy))
+    return LONG_PROMPT * copies
+
+
+# --- start-up -------------------------------------------------------------------------------------
+
+
+def startup_seconds(models: list[dict[str, Any]], served: str, threads: int, compile_cache: Path) -> float:
+    """Seconds from starting a worker to its model being ready (loaded and warmed up)."""
+    with Stack(models, [served], threads, extra_env={"TORCHINDUCTOR_CACHE_DIR": str(compile_cache)}) as stack:
+        return stack.worker_ready_seconds

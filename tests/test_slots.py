@@ -1,0 +1,222 @@
+"""The slot decoder and the engine's scheduling, in process: the same tokens as transformers for
+every architecture it runs, prompts joining in chunks, a cache that is never reallocated, 4-bit
+weights only where they lose nothing, and a compiled step that decodes as the eager one."""
+
+import asyncio
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
+
+from lmsp_core.catalog import TINY_RANDOM
+from lmsp_core.settings import load_settings
+from workers import loader, precision, scheduler
+from workers.decoder import Decoder, on_int4_grid, unsupported_reason
+from workers.engine import LENGTH, Engine, Sequence
+from workers.hfslots import HfSlots
+from workers.kvslots import Chunk, Feed, StepPlan
+from workers.sampling import RowSampler, SamplingParams
+from workers.sequence import Sink
+
+SMALL = {"vocab_size": 512, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+         "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 256,
+         "initializer_range": 0.5}  # peaked logits: greedy choices far from ties
+CONFIGS: dict[str, Any] = {
+    "llama": LlamaConfig(**SMALL),
+    "llama, biases": LlamaConfig(**SMALL, attention_bias=True),
+    "qwen2": Qwen2Config(**SMALL),
+    "qwen3": Qwen3Config(**SMALL, head_dim=32),
+    "mistral": MistralConfig(**SMALL, sliding_window=None),
+}
+
+
+def random_model(config: Any, dtype: torch.dtype = torch.float32) -> Any:
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        return AutoModelForCausalLM.from_config(config, dtype=dtype).eval()
+
+
+def generate(model: Any, prompt: list[int], n: int) -> list[int]:
+    with torch.inference_mode():
+        out = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                             max_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0)
+    return list(out[0, len(prompt):].tolist())
+
+
+def decode_greedy(model: Decoder | HfSlots, prompt: list[int], n: int, slot: int = 1, chunk: int = 1000) -> list[int]:
+    """Greedy tokens through ``run``: the prompt in chunks of ``chunk``, then one token per step."""
+    with torch.inference_mode():
+        for start in range(0, len(prompt), chunk):
+            piece = prompt[start:start + chunk]
+            logits = model.run(StepPlan(chunks=[Chunk(slot, start, piece, start + len(piece) == len(prompt))]))
+        tokens = [int(logits[0].argmax())]
+        while len(tokens) < n:
+            logits = model.run(StepPlan(feeds=[Feed(slot, tokens[-1], len(prompt) + len(tokens) - 1)]))
+            tokens.append(int(logits[0].argmax()))
+    return tokens
+
+
+@pytest.mark.parametrize("kind", CONFIGS)
+def test_the_slot_decoder_matches_transformers(kind: str) -> None:
+    model = random_model(CONFIGS[kind])
+    prompt = list(range(7, 40))
+    reference = generate(model, prompt, 20)
+    assert unsupported_reason(model) is None
+    decoder = Decoder(model, slots=3, positions=256)
+    with torch.inference_mode():
+        logits = decoder.run(StepPlan(chunks=[Chunk(0, 0, prompt, True)]))[0]
+        expected = model(torch.tensor([prompt])).logits[0, -1]
+    torch.testing.assert_close(logits, expected, rtol=1e-4, atol=1e-4)
+    assert decode_greedy(decoder, prompt, 20) == reference
+    assert decode_greedy(decoder, prompt, 20, slot=2, chunk=5) == reference  # the prompt in chunks
+    assert generate(model, prompt, 20) == reference  # the model works on with the fused weights' views
+
+
+def test_other_architectures_run_through_transformers() -> None:
+    model = random_model(GPT2Config(vocab_size=512, n_embd=64, n_layer=2, n_head=4, n_positions=256,
+                                    initializer_range=0.5))
+    assert "gpt2" in (unsupported_reason(model) or "")
+    prompt = list(range(3, 20))
+    fallback = HfSlots(model, slots=2, device=torch.device("cpu"))
+    assert decode_greedy(fallback, prompt, 12, chunk=6) == generate(model, prompt, 12)
+
+
+@pytest.fixture(scope="module")
+def tiny() -> loader.LoadedModel:
+    loader.limit_threads(1)
+    return loader.load(TINY_RANDOM, Path(load_settings().model_cache))
+
+
+class Collector(Sink):
+    def __init__(self) -> None:
+        self.tokens: list[int] = []
+        self.reason: str | None = None
+        self.done = asyncio.Event()
+
+    def on_token(self, seq: Sequence, token: int) -> None:
+        self.tokens.append(token)
+
+    def on_finish(self, seq: Sequence, reason: str, error: BaseException | None) -> None:
+        self.reason = reason
+        self.done.set()
+
+
+def recording(engine: Engine) -> list[StepPlan]:
+    """Every plan the engine's model runs, from now on."""
+    plans: list[StepPlan] = []
+    run: Callable[[StepPlan], torch.Tensor] = engine.model.run
+
+    def recorded(plan: StepPlan) -> torch.Tensor:
+        plans.append(plan)
+        return run(plan)
+
+    engine.model.run = recorded  # type: ignore[method-assign]
+    return plans
+
+
+async def run_engine(engine: Engine, jobs: list[tuple[list[int], int, float]]) -> list[Collector]:
+    """Submit (prompt, budget, delay before submitting) in order; wait for all to finish."""
+    runner = asyncio.create_task(engine.run())
+    sinks = [Collector() for _ in jobs]
+    try:
+        await engine.ready()
+        for (prompt, budget, delay), sink in zip(jobs, sinks, strict=True):
+            await asyncio.sleep(delay)
+            engine.submit(Sequence(prompt, budget, RowSampler(SamplingParams()), [], sink))
+        await asyncio.wait_for(asyncio.gather(*(sink.done.wait() for sink in sinks)), 120)
+    finally:
+        runner.cancel()
+        engine.close()
+    return sinks
+
+
+async def test_a_long_prompt_joins_in_chunks_between_decoding_steps(tiny: loader.LoadedModel,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(scheduler, "MAX_CHUNK", 16)
+    engine = Engine(tiny)
+    assert isinstance(engine.model, Decoder)
+    keys, values = engine.model.cache.layer(0)
+    addresses = (keys.data_ptr(), values.data_ptr())
+    plans = recording(engine)
+    long_prompt = list(range(200, 300))
+    jobs = [([1, 20, 30, 40], 200, 0.0), ([5, 6, 7], 40, 0.0), (long_prompt, 10, 0.05), ([9, 9, 9], 5, 0.0)]
+    sinks = await run_engine(engine, jobs)
+    for (prompt, budget, _), sink in zip(jobs, sinks, strict=True):
+        assert sink.reason == LENGTH
+        assert sink.tokens == generate(tiny.model, prompt, budget)
+    # the long prompt went in over several steps, beside the others' decoding
+    chunks = [chunk for plan in plans for chunk in plan.chunks if chunk.tokens[0] >= 200 or chunk.start > 0]
+    assert len(chunks) >= len(long_prompt) // 16 and all(len(chunk.tokens) <= 16 for chunk in chunks)
+    assert any(plan.feeds and plan.chunks for plan in plans)
+    # slots were taken lowest first and reused; the cache was never reallocated
+    assert max(feed.slot for plan in plans for feed in plan.feeds) <= 3
+    assert (keys.data_ptr(), values.data_ptr()) == addresses
+    assert engine.model.cache.layer(0)[0] is keys
+
+
+async def test_a_free_slot_is_taken_by_the_next_sequence(tiny: loader.LoadedModel) -> None:
+    engine = Engine(tiny)
+    plans = recording(engine)
+    sinks = await run_engine(engine, [([1, 2, 3], 4, 0.0), ([4, 5, 6], 300, 0.0), ([7, 8], 5, 0.3)])
+    assert all(sink.reason == LENGTH for sink in sinks)
+    first_chunk = {tuple(chunk.tokens): chunk.slot for plan in plans for chunk in plan.chunks}
+    assert first_chunk[(1, 2, 3)] == 0 and first_chunk[(4, 5, 6)] == 1
+    assert first_chunk[(7, 8)] == 0  # the first sequence had finished: its slot was free again
+
+
+def test_4_bit_weights_only_where_they_lose_nothing() -> None:
+    model = random_model(CONFIGS["llama"])
+    assert not on_int4_grid(model.model.layers[0].mlp.down_proj.weight.detach())
+    with torch.no_grad():  # every layer weight as a Q4_1 GGUF holds it: code * scale + min, fp16 scale and min
+        for name, weight in model.named_parameters():
+            if name.startswith("model.layers") and weight.dim() == 2:
+                groups = weight.view(weight.shape[0], -1, 32)
+                low = groups.amin(-1, keepdim=True).half().float()
+                scale = ((groups.amax(-1, keepdim=True) - low) / 15).half().float()
+                groups.copy_(((groups - low) / scale).round().clamp(0, 15) * scale + low)
+    exact = {name: weight.detach().clone() for name, weight in model.named_parameters() if weight.dim() == 2}
+    assert on_int4_grid(exact["model.layers.1.self_attn.q_proj.weight"])
+    prompt = list(range(10, 30))
+    dense = decode_greedy(Decoder(model.to(torch.bfloat16), slots=2, positions=256), prompt, 16)
+    packed = Decoder(model, slots=2, positions=256)
+    assert packed.pack_int4(exact, lossless_only=True)
+    assert packed.typed_layers[0].qkv.packed is not None
+    assert decode_greedy(packed, prompt, 16) == dense
+    # weights off the grid: auto leaves them dense
+    unpacked = Decoder(random_model(CONFIGS["llama"], torch.bfloat16), slots=2, positions=256)
+    other = {name: w.detach().float() for name, w in random_model(CONFIGS["llama"]).named_parameters()}
+    assert not unpacked.pack_int4(other, lossless_only=True)
+    assert unpacked.typed_layers[0].qkv.packed is None
+
+
+def test_the_cpu_precision_is_measured_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    measured: list[torch.dtype] = []
+    seconds = precision._seconds
+
+    def counted(dtype: torch.dtype, rounds: int = 5) -> float:
+        measured.append(dtype)
+        return seconds(dtype, rounds=1)
+
+    monkeypatch.setattr(precision, "_seconds", counted)
+    first = precision.cpu_dtype(tmp_path)
+    assert sorted(map(str, measured)) == ["torch.bfloat16", "torch.float32"]
+    assert precision.cpu_dtype(tmp_path) == first and len(measured) == 2  # read from the cache
+    assert precision.cpu_signature() in (tmp_path / "precision.json").read_text()
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning:torch")  # torch's own imports while compiling
+async def test_the_compiled_step_decodes_as_the_eager_one(tiny: loader.LoadedModel) -> None:
+    from workers.main import compiled_cache
+
+    compiled_cache(Path(load_settings().model_cache))  # a second run reads the compiled step from disk
+    spec = msgspec.structs.replace(TINY_RANDOM, max_batch_size=4)
+    loaded = loader.LoadedModel(spec, tiny.model, tiny.card, tiny.device)
+    jobs = [([1, 20, 30, 40], 30, 0.0), ([5, 6, 7], 12, 0.0), ([8, 9], 20, 0.05)]
+    compiled = await run_engine(Engine(loaded, compile=True), jobs)
+    eager = await run_engine(Engine(loaded, compile=False), jobs)
+    assert [sink.tokens for sink in compiled] == [sink.tokens for sink in eager]
+    assert all(len(sink.tokens) == budget for sink, (_, budget, _) in zip(compiled, jobs, strict=True))

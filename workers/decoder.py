@@ -1,0 +1,356 @@
+"""The model step on KV slots for Llama-family models (Llama, Mistral, Qwen2, Qwen3).
+
+The weights of a loaded transformers model are taken over once, with the query, key and value
+projections fused into one matrix and the gate and up projections into another (fewer, larger
+matrix products per layer). A step's tokens (one per decoding sequence, then prompt chunks) go
+through the layers as one flat batch, so the weights are read once per step however many
+sequences decode or join; only attention is done per sequence.
+
+Decoding rows: row ``b`` of the step is slot ``b``, so the keys a row attends to are a view of its
+slot, never a gathered copy. Rows ``0..B-1`` all run; a row whose slot holds no decoding sequence
+(free, or still being prefilled) is a dummy that writes into the slot's last position, which no
+sequence uses (a sequence ends when its context fills the window, before the token at that
+position is fed back), and whose output is dropped.
+
+With ``compile`` the decoding-only step is compiled (``torch.compile``: C++ kernels on a CPU,
+CUDA graphs of batch-size buckets on a GPU); steps with prompt chunks run eagerly.
+"""
+
+import logging
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+from torch.nn import functional
+
+from workers.kvslots import KvSlots, StepPlan
+
+logger = logging.getLogger(__name__)
+
+ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
+GROUP = 32  # inputs per scale of 4-bit weights (as in GGUF's Q4 formats)
+PACKED_ROWS = 8  # products of at most this many rows use packed 4-bit weights (decoding)
+ATTENTION_BLOCK = 256  # with CUDA graphs, attention lengths are rounded up to this (fewer graphs)
+
+
+def unsupported_reason(model: Any) -> str | None:
+    """Why this decoder cannot run the model (None: it can)."""
+    config = model.config
+    kind = getattr(config, "model_type", "")
+    if kind not in ARCHITECTURES:
+        return f"architecture {kind!r} (the slot decoder runs {', '.join(ARCHITECTURES)})"
+    if getattr(config, "hidden_act", "silu") != "silu":
+        return f"activation {config.hidden_act!r}"
+    if getattr(config, "mlp_bias", False):
+        return "MLP biases"
+    rope = getattr(config, "rope_parameters", None) or {}
+    if rope.get("rope_type", "default") not in ("default", "linear", "llama3", "yarn"):
+        return f"RoPE type {rope.get('rope_type')!r} (its frequencies depend on the sequence length)"
+    if getattr(config, "use_sliding_window", False) or (
+            kind == "mistral" and getattr(config, "sliding_window", None) is not None):
+        return "sliding-window attention"
+    return None
+
+
+def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    """As transformers computes it: in float32, scaled in the model's dtype."""
+    dtype = x.dtype
+    x32 = x.float()
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x32.to(dtype)
+
+
+def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+def _frozen(tensor: Tensor) -> nn.Parameter:
+    return nn.Parameter(tensor.detach(), requires_grad=False)
+
+
+class Linear(nn.Module):
+    """``x @ weight.T + bias`` for 2-D ``x``; with ``pack_int4``, products of up to ``PACKED_ROWS``
+    rows (decoding steps) use 4-bit weights, which read a quarter of the bytes of bfloat16 ones."""
+
+    def __init__(self, weight: Tensor, bias: Tensor | None = None) -> None:
+        super().__init__()
+        self.weight = _frozen(weight)
+        self.bias = None if bias is None else _frozen(bias)
+        self.packed: Tensor | None = None
+        self.scales_zeros: Tensor | None = None
+        self.residual_scales: Tensor | None = None
+
+    def pack_int4(self, source: Tensor) -> None:
+        """Pack ``source`` (this layer's weights in float32) as 4-bit groups."""
+        self.packed, scales_zeros = int4_groups(source)
+        self.scales_zeros = scales_zeros.to(self.weight.dtype)
+        self.residual_scales = (scales_zeros - self.scales_zeros.float()).to(self.weight.dtype)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = x.to(self.weight.dtype)
+        if self.packed is not None and self.scales_zeros is not None and x.shape[0] <= PACKED_ROWS:
+            y = torch._weight_int4pack_mm_for_cpu(x, self.packed, GROUP, self.scales_zeros).float()
+            if self.residual_scales is not None:
+                y = y + torch._weight_int4pack_mm_for_cpu(x, self.packed, GROUP, self.residual_scales).float()
+            y = y.to(x.dtype)
+            return y if self.bias is None else y + self.bias
+        return functional.linear(x, self.weight, self.bias)
+
+
+def on_int4_grid(weight: Tensor) -> bool:
+    """Whether 4-bit groups represent ``weight`` (float32) exactly."""
+    packed_codes, scales_zeros = _quantize(weight)
+    scale, zero = scales_zeros[..., 0].transpose(0, 1), scales_zeros[..., 1].transpose(0, 1)
+    rows, cols = weight.shape
+    restored = (packed_codes.view(rows, cols // GROUP, GROUP) - 8) * scale[..., None] + zero[..., None]
+    return bool(torch.equal(restored.view(rows, cols), weight))
+
+
+def int4_groups(weight: Tensor) -> tuple[Tensor, Tensor]:
+    """4-bit codes of each group of ``GROUP`` inputs, packed for torch's CPU kernel, and each group's
+    scale and zero point: ``w = (code - 8) * scale + zero``."""
+    codes, scales_zeros = _quantize(weight)
+    return torch._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32), 1), scales_zeros
+
+
+def _quantize(weight: Tensor) -> tuple[Tensor, Tensor]:
+    """Codes 0..15 ``[rows, cols]`` (float32) and ``[groups, rows, 2]`` scales and zeros (float32):
+    each group's range in 15 steps, as llama.cpp's Q4_1 quantises (so its weights come back exactly)."""
+    rows, cols = weight.shape
+    groups = weight.float().view(rows, cols // GROUP, GROUP)
+    low, high = groups.amin(-1), groups.amax(-1)
+    scale = ((high - low) / 15).clamp(min=torch.finfo(torch.float32).tiny)
+    codes = ((groups - low[..., None]) / scale[..., None]).round().clamp(0, 15)
+    scales_zeros = torch.stack([scale, low + 8 * scale], dim=-1).transpose(0, 1).contiguous()
+    return codes.view(rows, cols), scales_zeros
+
+
+def _fused(*linears: Any) -> Linear:
+    """One product for several of the model's linear layers, whose weights then become views of the
+    fused one: the model still works, and its weights are not held twice."""
+    fused = Linear(torch.cat([linear.weight for linear in linears]),
+                   None if linears[0].bias is None else torch.cat([linear.bias for linear in linears]))
+    start = 0
+    for linear in linears:
+        rows = linear.weight.shape[0]
+        linear.weight = _frozen(fused.weight[start:start + rows])
+        if fused.bias is not None:
+            linear.bias = _frozen(fused.bias[start:start + rows])
+        start += rows
+    return fused
+
+
+class Layer(nn.Module):
+    def __init__(self, hf_layer: Any, eps: float) -> None:
+        super().__init__()
+        attn, mlp = hf_layer.self_attn, hf_layer.mlp
+        self.eps = eps
+        self.input_norm = _frozen(hf_layer.input_layernorm.weight)
+        self.post_norm = _frozen(hf_layer.post_attention_layernorm.weight)
+        self.qkv = _fused(attn.q_proj, attn.k_proj, attn.v_proj)
+        self.o = Linear(attn.o_proj.weight, attn.o_proj.bias)
+        q_norm, k_norm = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)
+        self.q_norm = None if q_norm is None else _frozen(q_norm.weight)
+        self.k_norm = None if k_norm is None else _frozen(k_norm.weight)
+        self.gate_up = _fused(mlp.gate_proj, mlp.up_proj)
+        self.down = Linear(mlp.down_proj.weight)
+
+    def project(self, x: Tensor, shape: tuple[int, int, int], cos: Tensor,
+                sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Queries ``[N, heads, head_dim]``, keys and values ``[N, kv_heads, head_dim]``, rotated."""
+        heads, kv_heads, head_dim = shape
+        qkv = self.qkv(rms_norm(x, self.input_norm, self.eps))
+        q, k, v = qkv.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
+        q, k, v = q.unflatten(-1, (heads, head_dim)), k.unflatten(-1, (kv_heads, head_dim)), \
+            v.unflatten(-1, (kv_heads, head_dim))
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = rms_norm(q, self.q_norm, self.eps), rms_norm(k, self.k_norm, self.eps)
+        return rotate(q, cos, sin), rotate(k, cos, sin), v
+
+    def finish(self, x: Tensor, attended: Tensor) -> Tensor:
+        """Output projection, residual, MLP, residual (the residual stream in float32)."""
+        h = x + self.o(attended).float()
+        gate, up = self.gate_up(rms_norm(h, self.post_norm, self.eps)).chunk(2, dim=-1)
+        out: Tensor = h + self.down(functional.silu(gate) * up).float()
+        return out
+
+
+class Decoder(nn.Module):
+    """A Llama-family model's forward pass over KV slots (``unsupported_reason`` says which)."""
+
+    cos: Tensor
+    sin: Tensor
+    columns: Tensor
+
+    def __init__(self, model: Any, slots: int, positions: int, compile: bool = False) -> None:
+        """``model``: a transformers model (its weights are taken over, not copied); ``positions``:
+        the context window; ``compile``: compile the decoding step."""
+        super().__init__()
+        config = model.config
+        base = model.model
+        heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+        self.shape = (heads, kv_heads, head_dim)
+        self.group = heads // kv_heads
+        self.eps = config.rms_norm_eps
+        self.embed = _frozen(base.embed_tokens.weight)
+        self.layers = nn.ModuleList(Layer(layer, config.rms_norm_eps) for layer in base.layers)
+        self.typed_layers: list[Layer] = list(self.layers)  # type: ignore[arg-type]
+        self.norm = _frozen(base.norm.weight)
+        self.lm_head = Linear(model.lm_head.weight)
+        dtype, device = self.embed.dtype, self.embed.device
+        self.device = device
+        self.cache = KvSlots(len(self.layers), slots, kv_heads, positions, head_dim, dtype, device)
+        cos, sin = _rope_tables(base.rotary_emb, positions, dtype, device)
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
+        self.register_buffer("columns", torch.arange(positions, device=device), persistent=False)
+        self.compiled = compile
+        self.graphs = compile and device.type == "cuda"
+        self._decode = self.forward
+        if compile:
+            # shapes stay symbolic (one compilation); with CUDA graphs one graph is recorded per
+            # batch-size bucket and attention-length block
+            self._decode = torch.compile(self.forward, dynamic=True,
+                                         mode="reduce-overhead" if self.graphs else None)
+
+    @property
+    def slots(self) -> int:
+        return self.cache.slots
+
+    def pack_int4(self, exact: dict[str, Tensor], lossless_only: bool) -> bool:
+        """Give the layers 4-bit copies of their weights for decoding, from ``exact`` (the model's
+        float32 weights by name); with ``lossless_only``, only if every weight already is on a 4-bit
+        grid per group (a model from a Q4 GGUF). Returns whether it packed."""
+        sources = []
+        for i, layer in enumerate(self.typed_layers):
+            attn, mlp = f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
+            sources += [
+                (layer.qkv, torch.cat([exact[f"{attn}{p}_proj.weight"] for p in "qkv"])),
+                (layer.o, exact[f"{attn}o_proj.weight"]),
+                (layer.gate_up, torch.cat([exact[f"{mlp}{p}_proj.weight"] for p in ("gate", "up")])),
+                (layer.down, exact[f"{mlp}down_proj.weight"]),
+            ]
+        if any(source.shape[1] % GROUP for _, source in sources):
+            return False
+        if lossless_only and not all(on_int4_grid(source) for _, source in sources):
+            return False
+        for linear, source in sources:
+            linear.pack_int4(source)
+        return True
+
+    @property
+    def vocab(self) -> int:
+        return int(self.lm_head.weight.shape[0])
+
+    def release(self, slot: int) -> None:
+        pass  # nothing to free: the next sequence in the slot overwrites what it uses
+
+    # --- a step -------------------------------------------------------------------------------------
+
+    def run(self, plan: StepPlan) -> Tensor:
+        rows = self._rows(plan)
+        tokens, positions, slots = self._inputs(plan, rows)
+        mask = self._decode_mask(plan, rows) if rows else None
+        segments = tuple((chunk.slot, chunk.start, chunk.end) for chunk in plan.chunks)
+        forward = self.forward if segments else self._decode
+        hidden = forward(tokens, positions, slots, mask, segments)
+        logits: Tensor = self.lm_head(rms_norm(hidden[self._outputs(plan, rows)], self.norm, self.eps))
+        return logits
+
+    def _inputs(self, plan: StepPlan, rows: int) -> tuple[Tensor, Tensor, Tensor]:
+        """Token, position and slot of each of the step's rows: the decoding rows (dummies at the
+        scratch position), then the chunks' tokens."""
+        tokens = np.zeros(rows, dtype=np.int64)
+        positions = np.full(rows, self.cache.positions - 1, dtype=np.int64)
+        for feed in plan.feeds:
+            tokens[feed.slot], positions[feed.slot] = feed.token, feed.position
+        chunks = plan.chunks
+        return (self._on_device(np.concatenate([tokens, *(np.asarray(c.tokens, dtype=np.int64) for c in chunks)])),
+                self._on_device(np.concatenate([positions, *(np.arange(c.start, c.end) for c in chunks)])),
+                self._on_device(np.concatenate([np.arange(rows), *(np.full(len(c.tokens), c.slot) for c in chunks)])))
+
+    def _outputs(self, plan: StepPlan, rows: int) -> Tensor:
+        """The rows whose logits the plan wants: each feed's, then each last chunk's last token."""
+        wanted = [feed.slot for feed in plan.feeds]
+        offset = rows
+        for chunk in plan.chunks:
+            offset += len(chunk.tokens)
+            if chunk.last:
+                wanted.append(offset - 1)
+        return self._on_device(np.asarray(wanted, dtype=np.int64))
+
+    def _rows(self, plan: StepPlan) -> int:
+        if not plan.feeds:
+            return 0
+        used = max(feed.slot for feed in plan.feeds) + 1
+        if self.graphs:
+            return min(self.slots, 1 << (used - 1).bit_length())  # batch-size buckets: powers of two
+        if self.compiled and not plan.chunks:
+            # a compiled step has one graph for every batch size from two up (torch specialises
+            # size one): a lone sequence runs beside a dummy row rather than compile twice
+            return max(used, min(2, self.slots))
+        return used
+
+    def _decode_mask(self, plan: StepPlan, rows: int) -> Tensor:
+        """``[rows, 1, 1, L]``: the columns each decoding row attends to (dummies: all)."""
+        limits = np.full(rows, self.cache.positions - 1, dtype=np.int64)
+        for feed in plan.feeds:
+            limits[feed.slot] = feed.position
+        length = max(feed.position for feed in plan.feeds) + 1
+        if self.graphs:
+            length = min(self.cache.positions, -(-length // ATTENTION_BLOCK) * ATTENTION_BLOCK)
+        return (self.columns[:length][None, :] <= self._on_device(limits)[:, None])[:, None, None, :]
+
+    def _on_device(self, array: np.ndarray) -> Tensor:
+        return torch.from_numpy(array).to(self.device, non_blocking=True)
+
+    def forward(self, tokens: Tensor, positions: Tensor, slots: Tensor, mask: Tensor | None,
+                segments: tuple[tuple[int, int, int], ...]) -> Tensor:
+        """Hidden states ``[N, hidden]`` (before the final norm) of a step's tokens: first one per
+        decoding row (row b is slot b; ``mask`` from ``_decode_mask``), then the chunks
+        (``segments``: slot, start, end)."""
+        x = functional.embedding(tokens, self.embed).float()
+        cos, sin = self.cos[positions][:, None, :], self.sin[positions][:, None, :]
+        for i, layer in enumerate(self.typed_layers):
+            keys, values = self.cache.layer(i)
+            q, k, v = layer.project(x, self.shape, cos, sin)
+            keys[slots, :, positions] = k
+            values[slots, :, positions] = v
+            x = layer.finish(x, self._attend(q, keys, values, mask, segments))
+        return x
+
+    def _attend(self, q: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None,
+                segments: tuple[tuple[int, int, int], ...]) -> Tensor:
+        _, kv_heads, head_dim = self.shape
+        parts = []
+        rows = 0
+        if mask is not None:
+            rows, length = mask.shape[0], mask.shape[-1]
+            # the queries that share a key head attend as one block: no repeated keys
+            grouped = q[:rows].view(rows, kv_heads, self.group, head_dim)
+            parts.append(functional.scaled_dot_product_attention(
+                grouped, keys[:rows, :, :length], values[:rows, :, :length], attn_mask=mask).flatten(1))
+        offset = rows
+        for slot, start, end in segments:
+            count = end - start
+            chunk = q[offset:offset + count].transpose(0, 1)[None]  # [1, heads, count, head_dim]
+            causal = None if start == 0 else self.columns[:end][None, :] <= self.columns[start:end][:, None]
+            attended = functional.scaled_dot_product_attention(
+                chunk, keys[slot:slot + 1, :, :end], values[slot:slot + 1, :, :end],
+                attn_mask=causal, is_causal=causal is None, enable_gqa=True)
+            parts.append(attended[0].transpose(0, 1).flatten(1))
+            offset += count
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
+def _rope_tables(rotary: Any, positions: int, dtype: torch.dtype, device: torch.device) -> tuple[Tensor, Tensor]:
+    """cos and sin of every position, computed as transformers' rotary embedding does."""
+    inv_freq = rotary.inv_freq.to(device=device, dtype=torch.float32)
+    freqs = torch.arange(positions, device=device, dtype=torch.float32)[:, None] * inv_freq[None, :]
+    angles = torch.cat((freqs, freqs), dim=-1)
+    scale = getattr(rotary, "attention_scaling", 1.0)
+    return (angles.cos() * scale).to(dtype), (angles.sin() * scale).to(dtype)

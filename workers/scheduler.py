@@ -1,0 +1,238 @@
+"""The engine's model thread: which sequences run in each step, and running it.
+
+A step: sequences asked to stop leave (their slots are free at once), waiting sequences take free
+slots, every decoding sequence gets its next token, and joining sequences' prompts go in as chunks
+in the same model call. While others decode, a step takes only as many prompt tokens as cost about
+``STALL`` decoding steps (measured as it runs), so a long prompt joins over several steps instead
+of stalling everyone for its whole length; a sequence whose prompt is complete gets its first
+token from its last chunk.
+
+The thread runs steps back to back and hands each step's tokens to the event loop, at most
+``AHEAD`` steps ahead of it: the next step is under way while the events of the last one are
+written. What the loop decides (a cancellation, a stop string) reaches the thread as
+``Sequence.stop_requested`` and takes effect at the next step; the loop drops tokens generated for
+a sequence after it asked it to stop.
+"""
+
+import heapq
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from workers.kvslots import Chunk, Feed, SlotModel, StepPlan
+from workers.sampling import TokenChooser
+from workers.sequence import ERROR, LENGTH, STOP, Sequence
+
+logger = logging.getLogger(__name__)
+
+AHEAD = 2  # steps the model thread may run ahead of the event loop's delivery
+MAX_CHUNK = 512  # prompt tokens of one sequence per step (bounds a step's attention memory)
+MIN_CHUNK = 16
+FIRST_CHUNK = 64  # while the costs are not measured yet
+STALL = 0.8  # prompt tokens per step while others decode: as many as cost this many decoding steps
+SMOOTHING = 0.2  # weight of the newest measurement in the running cost estimates
+
+
+@dataclass(frozen=True)
+class Produced:
+    """What a step did for a sequence: a token, and why it finished (None: it goes on)."""
+
+    seq: Sequence
+    token: int | None
+    reason: str | None = None
+    error: BaseException | None = None
+
+
+@dataclass(eq=False)
+class _Running:
+    seq: Sequence
+    slot: int
+    context: list[int]  # the prompt, and the tokens generated before a resume
+    count: int  # tokens generated so far, those before a resume included
+    filled: int = 0  # positions of the slot written so far
+    next_token: int = -1  # the token to feed next; -1 while the context is being prefilled
+
+    @property
+    def decoding(self) -> bool:
+        return self.next_token >= 0
+
+
+class Scheduler:
+    def __init__(self, model: SlotModel, chooser: TokenChooser, context_window: int, name: str) -> None:
+        self.model = model
+        self.chooser = chooser
+        self.window = context_window
+        self._cond = threading.Condition()
+        self._incoming: list[Sequence] = []
+        self._closed = False
+        self._ahead = 0
+        self._deliver: Callable[[list[Produced]], None] = lambda produced: None
+        self._warm_up: Callable[[], None] = lambda: None
+        # the model thread's own state
+        self._waiting: deque[Sequence] = deque()
+        self._running: dict[int, _Running] = {}  # by slot, in order of admission
+        self._free = list(range(model.slots))
+        self._decode_seconds: float | None = None
+        self._token_seconds: float | None = None  # added cost of one prompt token in a step
+        self._thread = threading.Thread(target=self._loop, name=f"engine-{name}", daemon=True)
+
+    # --- called from the event loop -------------------------------------------------------------
+
+    def start(self, deliver: Callable[[list[Produced]], None], warm_up: Callable[[], None]) -> None:
+        """Run ``warm_up`` on the model thread, then steps; ``deliver`` gets each step's tokens
+        (called on the model thread)."""
+        self._deliver = deliver
+        self._warm_up = warm_up
+        self._thread.start()
+
+    def add(self, seq: Sequence) -> None:
+        with self._cond:
+            self._incoming.append(seq)
+            self._cond.notify()
+
+    def wake(self) -> None:
+        with self._cond:
+            self._cond.notify()
+
+    def delivered(self) -> None:
+        """The loop has taken one delivery: the thread may run another step ahead."""
+        with self._cond:
+            self._ahead -= 1
+            self._cond.notify()
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout=30)
+
+    # --- the model thread -----------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        self._warm_up()
+        while True:
+            with self._cond:
+                self._cond.wait_for(self._ready)
+                if self._closed:
+                    return
+                self._waiting.extend(self._incoming)
+                self._incoming.clear()
+            produced = self._step()
+            if produced:
+                with self._cond:
+                    self._ahead += 1
+                self._deliver(produced)
+
+    def _ready(self) -> bool:
+        return self._closed or (self._ahead < AHEAD and bool(self._incoming or self._waiting or self._running))
+
+    def _step(self) -> list[Produced]:
+        self._drop_stopped()
+        produced = self._admit()
+        decoding = [run for run in self._running.values() if run.decoding]
+        chunked = self._chunked(decoding)
+        plan = StepPlan(feeds=[Feed(run.slot, run.next_token, run.filled) for run in decoding],
+                        chunks=[chunk for _, chunk in chunked])
+        if not plan.feeds and not plan.chunks:
+            return produced
+        outputs = decoding + [run for run, chunk in chunked if chunk.last]
+        started = time.perf_counter()
+        try:
+            with torch.inference_mode():
+                logits = self.model.run(plan)
+                tokens = self.chooser.choose(logits, [run.seq.sampler for run in outputs])
+        except Exception as exc:
+            logger.exception("model step failed; failing %d sequences", len(self._running))
+            return produced + self._fail_all(exc)
+        self._measure(plan, time.perf_counter() - started)
+        for run in decoding:
+            run.filled += 1
+        for run, chunk in chunked:
+            run.filled = chunk.end
+        return produced + [self._advance(run, token) for run, token in zip(outputs, tokens, strict=True)]
+
+    def _drop_stopped(self) -> None:
+        for run in list(self._running.values()):
+            if run.seq.stop_requested is not None:
+                self._free_slot(run)
+        if any(seq.stop_requested is not None for seq in self._waiting):
+            self._waiting = deque(seq for seq in self._waiting if seq.stop_requested is None)
+
+    def _admit(self) -> list[Produced]:
+        """Waiting sequences take free slots, lowest first (rows ``0..B-1`` stay dense)."""
+        produced = []
+        while self._waiting and self._free:
+            seq = self._waiting.popleft()
+            context, count = seq.context, len(seq.generated)
+            if count >= seq.max_new_tokens or len(context) >= self.window:
+                produced.append(Produced(seq, None, LENGTH))  # a resumed sequence with nothing left to do
+                continue
+            slot = heapq.heappop(self._free)
+            self._running[slot] = _Running(seq, slot, context, count)
+        return produced
+
+    def _chunked(self, decoding: list[_Running]) -> list[tuple[_Running, Chunk]]:
+        """This step's prompt chunks, oldest sequence first, within the step's budget."""
+        budget = self._chunk_budget(bool(decoding))
+        chunked = []
+        for run in self._running.values():
+            if run.decoding or budget <= 0:
+                continue
+            size = min(budget, MAX_CHUNK, len(run.context) - run.filled)
+            end = run.filled + size
+            chunked.append((run, Chunk(run.slot, run.filled, run.context[run.filled:end], end == len(run.context))))
+            budget -= size
+        return chunked
+
+    def _chunk_budget(self, others_decode: bool) -> int:
+        if not others_decode:
+            return MAX_CHUNK
+        if self._decode_seconds is None or self._token_seconds is None:
+            return FIRST_CHUNK
+        return max(MIN_CHUNK, min(MAX_CHUNK, int(STALL * self._decode_seconds / self._token_seconds)))
+
+    def _measure(self, plan: StepPlan, seconds: float) -> None:
+        prompt_tokens = sum(len(chunk.tokens) for chunk in plan.chunks)
+        if not prompt_tokens:
+            self._decode_seconds = _smoothed(self._decode_seconds, seconds)
+            return
+        decode = (self._decode_seconds or 0.0) if plan.feeds else 0.0
+        self._token_seconds = _smoothed(self._token_seconds, max(seconds - decode, 1e-6) / prompt_tokens)
+
+    def _advance(self, run: _Running, token: int) -> Produced:
+        run.count += 1
+        run.next_token = token
+        reason = self._finish_reason(run, token)
+        if reason is not None:
+            self._free_slot(run)
+        return Produced(run.seq, token, reason)
+
+    def _finish_reason(self, run: _Running, token: int) -> str | None:
+        seq = run.seq
+        constraint = seq.sampler.constraint
+        if token in seq.stop_token_ids or (constraint is not None and constraint.done()):
+            return STOP
+        if run.count >= seq.max_new_tokens or len(seq.prompt_ids) + run.count >= self.window:
+            return LENGTH
+        return None
+
+    def _fail_all(self, exc: BaseException) -> list[Produced]:
+        failed = [Produced(run.seq, None, ERROR, exc) for run in self._running.values()]
+        for run in list(self._running.values()):
+            self._free_slot(run)
+        return failed
+
+    def _free_slot(self, run: _Running) -> None:
+        del self._running[run.slot]
+        self.model.release(run.slot)
+        heapq.heappush(self._free, run.slot)
+
+
+def _smoothed(previous: float | None, value: float) -> float:
+    return value if previous is None else (1 - SMOOTHING) * previous + SMOOTHING * value

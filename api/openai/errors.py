@@ -123,6 +123,9 @@ def validation_param(message: str, key: str | None) -> tuple[str | None, str, st
         return param, "invalid_request", f"Missing required parameter: {param!r}."
     if not key:
         return None, "invalid_request", message
+    if message.startswith("Invalid value") and (key == "type" or key.endswith(".type")):
+        # a kind of object (a hosted tool, a format) that this service does not have
+        return key, UNSUPPORTED_VALUE, f"Unsupported value for {key!r}: {message.removeprefix('Invalid value ')}."
     return key, "invalid_request", f"Invalid value for {key!r}: {message}."
 
 

@@ -188,10 +188,13 @@ def _parts(content: str | list[dict[str, Any]], param: str, role: str) -> list[w
     parts: list[wire.ContentPart] = []
     for index, raw in enumerate(content):
         where = f"{param}.content[{index}]"
-        part: oa.ContentPart = converted(raw, oa.ContentPart, where)
-        if part.type not in TEXT_TYPES or part.text is None:
-            raise InvalidRequest(f"Content of type {part.type!r} is not supported: this service takes text only.",
+        kind = raw.get("type") if isinstance(raw, dict) else None
+        if kind not in TEXT_TYPES:  # before decoding: an image part's fields are not a text part's
+            raise InvalidRequest(f"Content of type {kind!r} is not supported: this service takes text only.",
                                  code="unsupported_content_type", extra={"param": f"{where}.type"})
+        part: oa.ContentPart = converted(raw, oa.ContentPart, where)
+        if part.text is None:
+            raise InvalidRequest("A text part needs text.", extra={"param": f"{where}.text"})
         if part.annotations:
             raise unsupported(f"{where}.annotations", "Annotations are not supported in input.")
         parts.append(wire.OutputText(text=part.text) if part.type == "output_text" else wire.InputText(text=part.text))

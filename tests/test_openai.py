@@ -313,3 +313,27 @@ async def test_route_errors_are_openai_errors(client: httpx.AsyncClient) -> None
     # LMSP routes keep their problem documents, and /v1 ignores the LMSP-Version header
     assert (await client.get("/lmsp/v1/nowhere")).headers["content-type"] == "application/problem+json"
     assert (await client.get("/v1/models", headers={"LMSP-Version": "9"})).status_code == 200
+
+
+async def test_a_reasoning_model(api: Api, variant_worker: Worker) -> None:
+    """tiny-reasoning (tests/conftest.py): its reasoning item's summary streams as OpenAI's reasoning
+    summary events, and chat completions carry it as ``reasoning_content``."""
+    async with openai.AsyncOpenAI(base_url=f"{api.url}/v1", api_key="unused", max_retries=0) as sdk:
+        events = await events_of(await sdk.responses.create(model="tiny-reasoning", input="Think.",
+                                                            max_output_tokens=40, stream=True))
+        types = [event.type for event in events]
+        assert types[2:5] == ["response.output_item.added", "response.reasoning_summary_part.added",
+                              "response.reasoning_summary_text.delta"]
+        done = types.index("response.reasoning_summary_text.done")
+        assert types[done:done + 3] == ["response.reasoning_summary_text.done",
+                                        "response.reasoning_summary_part.done", "response.output_item.done"]
+        final = events[-1].response
+        reasoning, message = final.output
+        assert reasoning.type == "reasoning" and message.type == "message"
+        thought = "".join(e.delta for e in events if e.type == "response.reasoning_summary_text.delta")
+        assert reasoning.summary[0].text == thought == events[done].text and final.output_text == text_of(events)
+        assert final.usage.output_tokens_details.reasoning_tokens > 0
+        chat = await sdk.chat.completions.create(model="tiny-reasoning", max_tokens=40,
+                                                 messages=[{"role": "user", "content": "Think."}])
+        assert chat.choices[0].message.model_dump()["reasoning_content"] == thought
+        assert chat.choices[0].message.content == final.output_text

@@ -141,6 +141,10 @@ async def test_json_schema_output(sdk: openai.AsyncOpenAI) -> None:
     assert response.status == "completed" and response.text is not None
     assert response.text.format.type == "json_schema"
     jsonschema.validate(json.loads(response.output_text), WEATHER)
+    any_object = strict(await sdk.responses.create(model=MODEL, input="Some JSON.", max_output_tokens=40,
+                                                   text={"format": {"type": "json_object"}}))
+    assert any_object.text is not None and any_object.text.format.type == "json_object"
+    assert any_object.status != "completed" or isinstance(json.loads(any_object.output_text), dict)
     # the SDK's structured-output helper: a pydantic model in, a parsed object out
     parsed = await sdk.responses.parse(model=MODEL, input="Forecast for Paris.", text_format=Forecast)
     assert isinstance(parsed.output_parsed, Forecast)
@@ -291,10 +295,11 @@ async def test_chat_parameters_are_refused_by_name(sdk: openai.AsyncOpenAI) -> N
                           ({"response_format": {"type": "json_schema", "json_schema": {"name": "a b"}}},
                            "response_format.json_schema.name"),
                           ({"stream_options": {"include_usage": True}}, "stream_options"),
-                          ({"seed": -1}, "seed")]:
+                          ({"seed": -1}, "seed"), ({"top_p": 0}, "top_p"), ({"stop": ["a"] * 5}, "stop")]:
         with pytest.raises(openai.BadRequestError) as error:
             await sdk.chat.completions.create(model=MODEL, messages=messages, **fields)
         assert error.value.param == param, (fields, error.value.body)
+        assert "x-" not in error.value.message  # the parameter, not the extension that carries it
     with pytest.raises(openai.BadRequestError) as image:
         await sdk.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": [
             {"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}]}])

@@ -94,6 +94,8 @@ async def test_idempotency_keys(sdk_for: Client, make_token: TokenFactory) -> No
     with pytest.raises(openai.UnprocessableEntityError):  # the same key on another route
         await sdk.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=3,
                                           extra_headers=key)
+    with pytest.raises(openai.UnprocessableEntityError):  # ... or for a background response
+        await sdk.responses.create(model=MODEL, input="Hi", max_output_tokens=3, background=True, extra_headers=key)
 
 
 async def test_cors_lets_the_sdk_call_from_a_page(secure: httpx.AsyncClient) -> None:

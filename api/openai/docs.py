@@ -93,8 +93,8 @@ _ERRORS: dict[str, tuple[int, str, str | None]] = {
 }
 COMMON_ERRORS = ("invalid_request", "unauthorized", "insufficient_scope", "rate_limited", "service_unavailable")
 GENERATION_ERRORS = (*COMMON_ERRORS, "unsupported_parameter", "unsupported_value", "context_length_exceeded",
-                     "model_not_found", "idempotency_key_reused", "too_many_streams", "generation_failed",
-                     "model_unavailable", "server_busy")
+                     "model_not_found", "event_history_expired", "idempotency_key_reused", "too_many_streams",
+                     "generation_failed", "model_unavailable", "server_busy")
 
 
 def errors(*codes: str) -> dict[int, ResponseSpec]:

@@ -82,8 +82,10 @@ def with_param(exc: LmspError, params: Mapping[str, str]) -> LmspError:
     catalog, extensions), from its code; ``params`` maps codes to the endpoint's parameter names."""
     if param_of(exc) is None:
         param = params.get(exc.code)
-        if exc.code == "invalid_extension":
-            param = _extension_param(exc)
+        if exc.code == "invalid_extension" and (param := _extension_param(exc)) is not None:
+            # an OpenAI parameter carried as an extension: report it as the parameter it was
+            exc.code = "invalid_request"
+            exc.detail = f"Invalid value for {param!r}: {exc.detail.partition(': ')[2] or exc.detail}."
         if param is not None:
             exc.extra["param"] = param
     return exc

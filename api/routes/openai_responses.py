@@ -66,7 +66,7 @@ class OpenAIResponsesController(Controller):
             slot = await services.limits.open_stream(identity.principal) if data.stream else None
             try:
                 record, repeated = await submit(services, lmsp, kind=kind, owner=identity.principal,
-                                                idempotency_key=key, endpoint=ENDPOINT)
+                                                idempotency_key=key, endpoint=f"{ENDPOINT}.{kind}")
                 if slot is not None and repeated:
                     await _check_history(services, record)
             except BaseException:

@@ -1,6 +1,7 @@
 """The OpenAI compatibility layer, driven with the official ``openai`` package against a real API and
 tiny-random worker: Responses (sync, stream, tools with a follow-up, json_schema, conversations,
-background and cancel), Chat Completions (sync, stream with usage, tool calls) and models.
+background, a cut stream resumed with ``starting_after``, cancel), Chat Completions (sync, stream
+with usage, tool calls), models, errors.
 
 Every object and event the client receives is validated again with the package's own pydantic
 models, so a field we forget or mistype fails here rather than in someone's application.
@@ -19,6 +20,7 @@ import pytest_asyncio
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from openai.types.responses import Response, ResponseStreamEvent
 
+from tests.proxy import CuttingProxy
 from tests.support import Api, Worker, user_input
 
 MODEL = "tiny-random"
@@ -177,6 +179,34 @@ async def test_a_background_response_is_a_task(sdk: openai.AsyncOpenAI, client: 
     deltas = [json.loads(line[6:])["delta"] for line in lmsp.text.splitlines()
               if line.startswith("data: ") and '"delta"' in line]
     assert "".join(deltas) == text_of(events) == strict(await sdk.responses.retrieve(queued.id)).output_text
+
+
+async def test_a_cut_stream_resumes_after_its_last_event(api: Api, sdk: openai.AsyncOpenAI) -> None:
+    """A background stream cut mid-body (tests/proxy.py) and resumed with ``starting_after``: the events
+    of an uninterrupted reading, each once, and the text of an uninterrupted run. (A worker killed
+    under a background response: tests/test_reclaim.py.)"""
+    request: dict[str, Any] = {"model": MODEL, "input": "Tell me about the sea.", "max_output_tokens": 160}
+    reference = (await sdk.responses.create(**request)).output_text
+    seen: list[Any] = []
+    with CuttingProxy(api.port, cut_after=7000, match=b"/v1/responses") as proxy:
+        flaky = openai.AsyncOpenAI(base_url=f"{proxy.url}/v1", api_key="unused", max_retries=0, timeout=120)
+        try:
+            stream = await flaky.responses.create(**request, background=True, stream=True)
+            with pytest.raises(openai.APIConnectionError):
+                async for event in stream:
+                    seen.append(EVENTS.validate_python(event.to_dict()))
+        finally:
+            await flaky.close()
+    assert proxy.cuts == 1 and seen and seen[-1].type != "response.incomplete"
+    response_id, last = seen[0].response.id, seen[-1].sequence_number
+    rest = [EVENTS.validate_python(event.to_dict()) async for event in await sdk.responses.retrieve(
+        response_id, stream=True, starting_after=last)]
+    whole = await events_of(await sdk.responses.retrieve(response_id, stream=True))
+    assert [event.to_dict() for event in seen + rest] == [event.to_dict() for event in whole]  # gapless, each once
+    assert text_of(seen + rest) == reference == (await sdk.responses.retrieve(response_id)).output_text
+    # the SDK's own resuming helper (it reads from the start and drops what it had)
+    async with sdk.responses.stream(response_id=response_id, starting_after=last) as helper:
+        assert [event.sequence_number async for event in helper] == [event.sequence_number for event in rest]
 
 
 async def test_cancel_a_background_response(sdk: openai.AsyncOpenAI, client: httpx.AsyncClient) -> None:

@@ -11,7 +11,9 @@ import pytest_asyncio
 from openapi_spec_validator import validate
 
 from api.app import OPENAI_SDK_HEADERS
-from tests.support import SECURE_CORS_ORIGIN, Api, TokenFactory, Worker
+from lmsp_core import tokens
+from tests.support import SECURE_CORS_ORIGIN, Api, TokenFactory, Worker, bearer
+from tests.test_auth import OPENAI_ROUTES
 
 MODEL = "tiny-random"
 Client = Callable[[str], Awaitable[openai.AsyncOpenAI]]
@@ -58,6 +60,30 @@ async def test_tokens_and_scopes(sdk_for: Client, make_token: TokenFactory, secu
     listed = await secure.get("/lmsp/v1/tasks", headers={"Authorization": f"Bearer {tasker}"})
     assert background.id in {task["response_id"] for task in listed.json()["data"]}
     assert owner != tasker_owner
+
+
+@pytest.mark.parametrize(("method", "path", "scope"), OPENAI_ROUTES, ids=[f"{r[0]} {r[1]}" for r in OPENAI_ROUTES])
+async def test_each_route_needs_its_scope(secure: httpx.AsyncClient, make_token: TokenFactory, method: str,
+                                          path: str, scope: str) -> None:
+    url = path.format(response_id="resp_01J8M6Q4W2T7N5R3V9X1Z8B0DF", model=MODEL)
+    body = {"model": MODEL, "max_output_tokens": 1, "max_tokens": 1}
+    body |= {"messages": [{"role": "user", "content": "Hi"}]} if "chat" in path else {"input": "Hi"}
+    kwargs: dict[str, Any] = {"json": {k: v for k, v in body.items() if k in _FIELDS[path]}} if method == "POST" \
+        else {}
+    missing = await secure.request(method, url, **kwargs)
+    assert missing.status_code == 401 and missing.json()["error"]["code"] == "unauthorized"
+    others, _ = await make_token([s for s in tokens.GRANTABLE if s != scope])
+    denied = await secure.request(method, url, headers=bearer(others), **kwargs)
+    assert denied.status_code == 403 and denied.json()["error"]["type"] == "permission_error"
+    assert f'scope="{scope}"' in denied.headers["www-authenticate"]
+    only, _ = await make_token([scope])
+    allowed = await secure.request(method, url, headers=bearer(only), **kwargs)
+    assert allowed.status_code in (200, 404), allowed.text  # past authorisation (the response is unknown)
+
+
+_FIELDS = {"/v1/responses": {"model", "input", "max_output_tokens"},
+           "/v1/chat/completions": {"model", "messages", "max_tokens"},
+           "/v1/responses/{response_id}/cancel": set()}
 
 
 async def test_the_stream_limit(sdk_for: Client, make_token: TokenFactory) -> None:

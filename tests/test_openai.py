@@ -7,6 +7,7 @@ Every object and event the client receives is validated again with the package's
 models, so a field we forget or mistype fails here rather than in someone's application.
 """
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from typing import Any, Literal
@@ -220,6 +221,9 @@ async def test_cancel_a_background_response(sdk: openai.AsyncOpenAI, client: htt
             break
     await started.close()  # a background response outlives its stream
     cancelled = strict(await sdk.responses.cancel(response_id))
+    while cancelled.status == "in_progress":  # the call waits 3 s for the worker: longer on a loaded machine
+        await asyncio.sleep(0.1)
+        cancelled = strict(await sdk.responses.retrieve(response_id))
     assert cancelled.status == "cancelled" and cancelled.usage is not None
     assert 0 < cancelled.usage.output_tokens < 1000
     again = strict(await sdk.responses.cancel(cancelled.id))  # idempotent

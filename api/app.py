@@ -16,12 +16,20 @@ from api.idempotency import REPLAYED_HEADER
 from api.problems import HANDLERS, problems_only
 from api.routes.health import healthz, prometheus_metrics, readyz, status
 from api.routes.models import ModelsController
+from api.routes.openai_chat import OpenAIChatController, OpenAIModelsController
+from api.routes.openai_responses import OpenAIResponsesController
 from api.routes.playground import playground
 from api.routes.responses import ResponsesController
 from api.routes.tasks import TasksController
 from api.services import Services
 from api.version import VersionMiddleware, add_version_header
 from lmsp_core.settings import Settings, load_settings
+
+# what the official OpenAI SDKs send with every request, so that they work from a browser page too
+OPENAI_SDK_HEADERS = ["X-Stainless-Lang", "X-Stainless-Package-Version", "X-Stainless-OS", "X-Stainless-Arch",
+                      "X-Stainless-Runtime", "X-Stainless-Runtime-Version", "X-Stainless-Retry-Count",
+                      "X-Stainless-Timeout", "X-Stainless-Read-Timeout", "X-Stainless-Async", "OpenAI-Organization",
+                      "OpenAI-Project"]
 
 
 def cors_config(settings: Settings) -> CORSConfig | None:
@@ -32,7 +40,8 @@ def cors_config(settings: Settings) -> CORSConfig | None:
         return None
     return CORSConfig(
         allow_origins=origins, allow_methods=["GET", "POST"], allow_credentials=False,
-        allow_headers=["Authorization", "Content-Type", IDEMPOTENCY_HEADER, "LMSP-Version", "Last-Event-ID"],
+        allow_headers=["Authorization", "Content-Type", IDEMPOTENCY_HEADER, "LMSP-Version", "Last-Event-ID",
+                       *OPENAI_SDK_HEADERS],
         expose_headers=["LMSP-Version", "Location", "Retry-After", "WWW-Authenticate", REPLAYED_HEADER,
                         IGNORED_EXTENSIONS_HEADER],
     )
@@ -53,8 +62,9 @@ def create_app(settings: Settings | None = None) -> Litestar:
         await app.state.services.close()
 
     app = Litestar(
-        route_handlers=[ResponsesController, TasksController, ModelsController, healthz, readyz, prometheus_metrics,
-                        status, playground],
+        route_handlers=[ResponsesController, TasksController, ModelsController, OpenAIResponsesController,
+                        OpenAIChatController, OpenAIModelsController, healthz, readyz, prometheus_metrics, status,
+                        playground],
         dependencies={
             "services": Provide(provide_services, sync_to_thread=False),
             "owner": Provide(provide_owner, sync_to_thread=False),

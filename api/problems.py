@@ -1,4 +1,5 @@
-"""Every error the API answers is an RFC 9457 problem document with a stable ``code``.
+"""Every error the API answers is an RFC 9457 problem document with a stable ``code`` (on the OpenAI
+routes under ``/v1``: OpenAI's error object with the same status and code, ``api.openai.errors``).
 
 The handlers here are the only place where exceptions become HTTP responses: the service's own
 errors (``lmsp_core.errors``), Litestar's (validation, unknown route, wrong method, body too
@@ -15,6 +16,8 @@ from litestar import Request, Response
 from litestar.exceptions import HTTPException, ValidationException
 from redis.exceptions import RedisError
 
+from api.openai import errors as openai_errors
+from api.openai import is_openai_path
 from lmsp_core import wire
 from lmsp_core.errors import LmspError, ServiceUnavailable, problem
 
@@ -52,35 +55,45 @@ def _phrase(status: int) -> str:
         return "Error"
 
 
-def lmsp_error(_: Request[Any, Any, Any], exc: LmspError) -> Response[bytes]:
-    return problem_response(exc.problem(), exc.headers)
+def _answer(request: Request[Any, Any, Any], body: wire.Problem, headers: dict[str, str] | None = None,
+            param: str | None = None) -> Response[bytes]:
+    if is_openai_path(request.url.path):
+        return openai_errors.error_response(body, headers, param)
+    return problem_response(body, headers)
 
 
-def validation_error(_: Request[Any, Any, Any], exc: ValidationException) -> Response[bytes]:
+def lmsp_error(request: Request[Any, Any, Any], exc: LmspError) -> Response[bytes]:
+    return _answer(request, exc.problem(), exc.headers, openai_errors.param_of(exc))
+
+
+def validation_error(request: Request[Any, Any, Any], exc: ValidationException) -> Response[bytes]:
     errors = exc.extra if isinstance(exc.extra, list) else None
     detail = "; ".join(str(e.get("message", e)) for e in errors if isinstance(e, dict)) if errors else exc.detail
+    if errors and isinstance(errors[0], dict) and is_openai_path(request.url.path):
+        param, code, message = openai_errors.validation_param(str(errors[0].get("message", "")), errors[0].get("key"))
+        return _answer(request, problem(400, code, "Invalid request", message), param=param)
     body = problem(400, "invalid_request", "Invalid request", detail or "The request is not valid.",
                    {"errors": errors} if errors else None)
-    return problem_response(body)
+    return _answer(request, body)
 
 
-def http_error(_: Request[Any, Any, Any], exc: HTTPException) -> Response[bytes]:
+def http_error(request: Request[Any, Any, Any], exc: HTTPException) -> Response[bytes]:
     status = exc.status_code
     code = _STATUS_CODES.get(status, f"http_{status}")
     detail = exc.detail if exc.detail and exc.detail != _phrase(status) else f"{_phrase(status)}."
     headers = dict(exc.headers or {})
-    return problem_response(problem(status, code, _phrase(status), detail), headers)
+    return _answer(request, problem(status, code, _phrase(status), detail), headers)
 
 
-def redis_error(_: Request[Any, Any, Any], exc: RedisError) -> Response[bytes]:
+def redis_error(request: Request[Any, Any, Any], exc: RedisError) -> Response[bytes]:
     logger.warning("Redis unavailable: %s", type(exc).__name__)
     error = ServiceUnavailable("The service's store is unreachable; retry shortly.", retry_after=2)
-    return problem_response(error.problem(), error.headers)
+    return _answer(request, error.problem(), error.headers)
 
 
-def internal_error(_: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:
+def internal_error(request: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:
     logger.exception("unhandled error", exc_info=exc)
-    return problem_response(problem(500, "internal_error", "Internal error", "The service failed unexpectedly."))
+    return _answer(request, problem(500, "internal_error", "Internal error", "The service failed unexpectedly."))
 
 
 async def problems_only(response: Response[Any]) -> Response[Any]:

@@ -31,9 +31,11 @@ class Submission(NamedTuple):
 
 
 async def submit(services: Services, request: wire.ResponseRequest, *, kind: Kind, owner: str,
-                 idempotency_key: str | None = None) -> Submission:
-    """Check the request and queue it. Raises LmspError for bad requests and full queues."""
-    print_ = idempotency.fingerprint(kind, request) if idempotency_key else ""
+                 idempotency_key: str | None = None, endpoint: str | None = None) -> Submission:
+    """Check the request and queue it. Raises LmspError for bad requests and full queues. ``endpoint``
+    names the route for ``Idempotency-Key`` fingerprints (default: the kind), so that a key reused on
+    another route is refused even when the requests translate to the same LMSP request."""
+    print_ = idempotency.fingerprint(endpoint or kind, request) if idempotency_key else ""
     if idempotency_key and (earlier := await idempotency.lookup(services.redis, owner, idempotency_key, print_)):
         return Submission(await _earlier(services, earlier), True)
     spec = services.catalog.get(request.model)

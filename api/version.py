@@ -1,5 +1,6 @@
 """Protocol versioning: ``LMSP-Version: 1.0`` is accepted (absent means 1.0), any other version gets
-``400 unsupported_version``; every response carries ``LMSP-Version: 1.0``."""
+``400 unsupported_version``; every response carries ``LMSP-Version: 1.0``. The OpenAI routes under
+``/v1`` do not speak LMSP: the header is not checked there."""
 
 import msgspec
 from litestar.datastructures import MutableScopeHeaders
@@ -8,6 +9,7 @@ from litestar.middleware import ASGIMiddleware
 from litestar.response.base import ASGIResponse
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
+from api.openai import is_openai_path
 from api.problems import MEDIA_TYPE
 from lmsp_core.errors import InvalidRequest
 
@@ -28,7 +30,7 @@ class VersionMiddleware(ASGIMiddleware):
     async def handle(self, scope: Scope, receive: Receive, send: Send, next_app: ASGIApp) -> None:
         requested = next((value.decode().strip() for name, value in scope["headers"]
                           if name.decode().lower() == HEADER.lower()), None)
-        if requested is not None and requested not in SUPPORTED:
+        if requested is not None and requested not in SUPPORTED and not is_openai_path(scope["path"]):
             error = InvalidRequest(f"LMSP-Version {requested!r} is not supported; this service speaks {VERSION}.",
                                    code="unsupported_version")
             refusal = ASGIResponse(body=msgspec.json.encode(error.problem()), status_code=error.status,

@@ -37,6 +37,15 @@ ROUTES: list[tuple[str, str, str | None]] = [
     ("GET", "/readyz", None),
     ("GET", "/", None),
 ]
+# the OpenAI routes (their answers, OpenAI error objects, are checked in tests/test_openai_access.py)
+OPENAI_ROUTES: list[tuple[str, str, str | None]] = [
+    ("POST", "/v1/responses", tokens.RESPONSES_WRITE),
+    ("GET", "/v1/responses/{response_id}", tokens.RESPONSES_READ),
+    ("POST", "/v1/responses/{response_id}/cancel", tokens.TASKS_WRITE),
+    ("POST", "/v1/chat/completions", tokens.RESPONSES_WRITE),
+    ("GET", "/v1/models", tokens.MODELS_READ),
+    ("GET", "/v1/models/{model}", tokens.MODELS_READ),
+]
 
 
 # the handlers use Litestar 2 conventions (inferred dependencies, a bare `data`) that 2.25 warns about
@@ -52,7 +61,7 @@ def test_every_route_declares_its_scope() -> None:
             for method in handler.http_methods:
                 declared[(method, route.path.replace(":str}", "}"))] = scope
     ours = {(method, path): scope for (method, path), scope in declared.items() if not path.startswith("/schema")}
-    assert ours == {(method, path): scope for method, path, scope in ROUTES}
+    assert ours == {(method, path): scope for method, path, scope in ROUTES + OPENAI_ROUTES}
     assert all(scope is None for (_, path), scope in declared.items() if path.startswith("/schema"))
 
 

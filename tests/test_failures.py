@@ -9,6 +9,7 @@ import json
 from collections.abc import AsyncIterator
 
 import httpx
+import openai
 import pytest
 import pytest_asyncio
 
@@ -50,3 +51,25 @@ async def test_failed_generation_everywhere(api: Api, mismatch_worker: Worker) -
         assert final["status"] == "failed"
         assert final["error"]["code"] == "context_length_exceeded"
         assert final["response"]["status"] == "failed" and final["response"]["error"] == final["error"]
+
+
+async def test_failed_generation_through_the_openai_routes(api: Api, mismatch_worker: Worker) -> None:
+    text = "a prompt longer than twenty-four tokens " * 3
+    async with openai.AsyncOpenAI(base_url=f"{api.url}/v1", api_key="unused", max_retries=0) as sdk:
+        with pytest.raises(openai.BadRequestError) as sync:
+            await sdk.responses.create(model="tiny-mismatch", input=text, max_output_tokens=8)
+        assert sync.value.code == "context_length_exceeded" and "24" in sync.value.message
+        events = [event async for event in await sdk.responses.create(model="tiny-mismatch", input=text,
+                                                                      max_output_tokens=8, stream=True)]
+        assert [(event.sequence_number, event.type) for event in events] == [
+            (0, "response.created"), (1, "response.failed")]
+        error = events[1].response.error
+        assert events[1].response.status == "failed" and error is not None
+        assert (error.code, error.type) == ("invalid_prompt", "context_length_exceeded")
+        with pytest.raises(openai.BadRequestError):
+            await sdk.chat.completions.create(model="tiny-mismatch", messages=[{"role": "user", "content": text}])
+        with pytest.raises(openai.APIError) as streamed:  # the SDK raises the error object a stream ends with
+            async for _ in await sdk.chat.completions.create(
+                    model="tiny-mismatch", messages=[{"role": "user", "content": text}], stream=True):
+                pass
+        assert streamed.value.code == "context_length_exceeded"

@@ -105,8 +105,16 @@ extra_headers = st.dictionaries(st.sampled_from(["Idempotency-Key", "LMSP-Versio
 
 
 def check(response: httpx.Response) -> None:
-    """The property: no 5xx; an error is a problem document whose status and type match."""
+    """The property: no 5xx; an error is a problem document whose status and type match (on the
+    OpenAI routes: OpenAI's error object)."""
     assert response.status_code < 500, (response.status_code, response.read()[:500])
+    if response.status_code >= 400 and response.request.url.path.startswith("/v1/"):
+        assert response.headers["content-type"] == "application/json", response.headers
+        if response.request.method != "HEAD":
+            error = json.loads(response.read())["error"]
+            assert set(error) == {"message", "type", "param", "code"} and re.fullmatch(r"[a-z0-9_]+", error["code"])
+            assert error["message"] and "Traceback" not in error["message"]
+        return
     if response.status_code >= 400:
         assert response.headers["content-type"] == PROBLEM, response.headers
         if response.request.method == "HEAD":

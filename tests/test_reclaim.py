@@ -1,18 +1,23 @@
 """Workers die and tasks go on: SIGKILL at random tokens, a task that kills every worker, lost jobs,
-SIGTERM hand-back, and an API process killed under a follower.
+SIGTERM hand-back, an API process killed under a follower, and a background response of the OpenAI
+routes resumed through the official ``openai`` package after its worker was killed.
 
 Two tiny-random workers share one Redis with short leases, so that a dead worker's task is
 reclaimed within a couple of seconds; a killed worker is restarted at once.
 """
 
 import asyncio
+import json
 import random
 import signal
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 import httpx
+import jsonschema
 import msgspec
+import openai
 import pytest
 import pytest_asyncio
 
@@ -210,3 +215,48 @@ async def _all_ready(group: Group) -> bool:
     for worker in group.workers:
         await worker.ready()
     return True
+
+
+# long enough to be interrupted, and a grammar that ends it by itself (completed, not incomplete)
+WORDS = {"type": "object", "properties": {"words": {"type": "array", "items": {"enum": ["alpha", "beta", "gamma"]},
+                                                    "minItems": 48, "maxItems": 48}},
+         "required": ["words"], "additionalProperties": False}
+
+
+async def test_an_openai_background_response_outlives_its_worker(group: Group) -> None:
+    await wait_for(lambda: _all_ready(group), what="workers ready")
+    request: dict[str, Any] = {"model": MODEL, "input": "List words.", "text": {"format": {
+        "type": "json_schema", "name": "words", "schema": WORDS, "strict": True}}}
+    async with openai.AsyncOpenAI(base_url=f"{group.apis[0].url}/v1", api_key="unused", max_retries=0) as sdk:
+        reference = await sdk.responses.create(**request)
+        assert reference.status == "completed"
+        stream = await sdk.responses.create(**request, background=True, stream=True)
+        seen = []
+        async for event in stream:
+            seen.append(event)
+            if event.sequence_number == 24:
+                break
+        await stream.close()
+        for worker in group.workers:  # freeze both, so that the task cannot end before the kill
+            worker.signal(signal.SIGSTOP)
+        response_id = seen[0].response.id  # type: ignore[union-attr]
+        task_id = (await group.redis.get(keys.response(response_id))).decode()
+        victim = await group.holder(task_id)
+        killed = await group.field(task_id, "worker")
+        victim.kill()  # SIGKILL
+        for worker in group.workers:
+            if worker is not victim:
+                worker.signal(signal.SIGCONT)
+        victim.start()
+        # resumed with the SDK's helper, which also assembles the final response
+        async with sdk.responses.stream(response_id=response_id, starting_after=24) as resumed:
+            rest = [event async for event in resumed]
+            final = await resumed.get_final_response()
+        whole = [event async for event in await sdk.responses.retrieve(response_id, stream=True)]
+    numbers = [event.sequence_number for event in seen + rest]
+    assert numbers == list(range(len(numbers))) == [event.sequence_number for event in whole]
+    assert [event.type for event in seen + rest] == [event.type for event in whole]
+    text = "".join(event.delta for event in seen + rest if event.type == "response.output_text.delta")
+    assert final.status == "completed" and final.output_text == reference.output_text == text
+    jsonschema.validate(json.loads(final.output_text), WORDS)
+    assert await group.attempts(task_id) >= 2 and await group.field(task_id, "worker") != killed

@@ -6,19 +6,14 @@ the final event, the task is cancelled and its worker stops generating (6.3 SHOU
 connection and a repeat waits for (or relays) the same task.
 """
 
-import asyncio
-import contextlib
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
-import anyio
 from litestar import Controller, Request, Response, get, post
 from litestar.openapi.datastructures import ResponseSpec
 from litestar.params import Body
-from litestar.types import Receive
-from redis.exceptions import RedisError
 
-from api import idempotency, sse
+from api import direct, idempotency, sse
 from api import openapi as doc
 from api.extension_header import ignored_extensions
 from api.idempotency import REPLAYED, IdempotencyKey
@@ -69,9 +64,9 @@ class ResponsesController(Controller):
         headers = {**(REPLAYED if repeated else {}), **ignored_extensions(services, data)}
         if slot is not None:
             return sse.response(slot.wrap(_direct_stream(services, record, cancel=key is None)), headers)
-        if not await _final_or_disconnect(services, record, request.receive):
+        if not await direct.final_or_disconnect(services, record, request.receive):
             if key is None:
-                await _cancel(services, record)
+                await direct.cancel(services, record)
             return Response(content=b"", status_code=499)
         return await _final_answer(services, record, headers)
 
@@ -105,32 +100,7 @@ async def _direct_stream(services: Services, record: TaskRecord, *,
         ended = True
     finally:
         if cancel and not ended:  # the client went away
-            await _cancel(services, record)
-
-
-async def _final_or_disconnect(services: Services, record: TaskRecord, receive: Receive) -> bool:
-    """Wait for the task's final event; False if the client disconnects first."""
-    final = asyncio.create_task(_drain(services, record))
-    gone = asyncio.create_task(_disconnected(receive))
-    try:
-        done, _ = await asyncio.wait({final, gone}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for task in (final, gone):
-            task.cancel()
-    if final in done:
-        final.result()  # re-raises a Redis failure
-        return True
-    return False
-
-
-async def _drain(services: Services, record: TaskRecord) -> None:
-    async for _ in services.hub.follow(record, 0):
-        pass
-
-
-async def _disconnected(receive: Receive) -> None:
-    while (await receive())["type"] != "http.disconnect":
-        pass
+            await direct.cancel(services, record)
 
 
 async def _final_answer(services: Services, record: TaskRecord, headers: dict[str, str]) -> Response[Any]:
@@ -141,8 +111,3 @@ async def _final_answer(services: Services, record: TaskRecord, headers: dict[st
         problem = final.problem() or GenerationFailed("Generation failed.").problem()
         return problem_response(problem, headers)
     return Response(content=final.response, media_type="application/json", headers=headers)
-
-
-async def _cancel(services: Services, record: TaskRecord) -> None:
-    with anyio.CancelScope(shield=True), contextlib.suppress(RedisError, OSError):
-        await services.store.cancel(record)

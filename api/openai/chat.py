@@ -1,0 +1,104 @@
+"""A task as a chat completion: the ``chat.completion`` object from its final response, and the
+``chat.completion.chunk`` stream rendered from its event log.
+
+The message's ``content`` is the text of the response's message items, its ``tool_calls`` its
+function calls (the call id is the tool call's id), ``reasoning_content`` the summary of a reasoning
+item. ``finish_reason`` is ``tool_calls`` when the model called a function, ``length`` when the token
+budget ran out, else ``stop``.
+"""
+
+import msgspec
+
+from api.openai import objects as oa
+from api.openai.errors import FailedGeneration
+from lmsp_core import wire
+from lmsp_core.errors import GenerationFailed
+from lmsp_core.eventlog import Event
+from lmsp_core.tasks import TaskRecord
+
+ID_PREFIX = "chatcmpl-"
+
+
+def completion_id(record: TaskRecord) -> str:
+    """``chatcmpl-`` and the random part of the task's response id."""
+    return ID_PREFIX + record.response_id.partition("_")[2]
+
+
+def completion_usage(value: wire.Usage | None) -> oa.CompletionUsage | None:
+    if value is None:
+        return None
+    return oa.CompletionUsage(prompt_tokens=value.input_tokens, completion_tokens=value.output_tokens,
+                              total_tokens=value.total_tokens)
+
+
+def finish_reason(status: str, called: bool) -> oa.FinishReason:
+    if status == "incomplete":
+        return "length"
+    return "tool_calls" if called else "stop"
+
+
+def completion(record: TaskRecord) -> oa.ChatCompletion:
+    """The chat completion of a final task; raises its problem if it failed."""
+    final = record.response_object()
+    if final is None or final.status == "failed":
+        problem = final.error if final is not None else None
+        raise FailedGeneration(problem or GenerationFailed("Generation failed.").problem())
+    text = "".join(part.text for item in final.output if isinstance(item, wire.OutputMessage) for part in item.content)
+    calls = [oa.ToolCall(id=item.call_id, function=oa.ToolCallFunction(name=item.name, arguments=item.arguments))
+             for item in final.output if isinstance(item, wire.OutputFunctionCall)]
+    reasoning = "".join(part.text for item in final.output if isinstance(item, wire.OutputReasoning)
+                        for part in item.summary)
+    has_message = any(isinstance(item, wire.OutputMessage) for item in final.output)
+    message = oa.ChatMessage(role="assistant", content=text if has_message or not calls else None, refusal=None,
+                             tool_calls=calls or None, reasoning_content=reasoning or None)
+    choice = oa.Choice(message=message, finish_reason=finish_reason(final.status, bool(calls)))
+    return oa.ChatCompletion(id=completion_id(record), created=int(record.created_at), model=record.model,
+                             choices=[choice], usage=completion_usage(final.usage))
+
+
+class ChunkRenderer:
+    """Renders a task's log as chat completion chunks (a failure as an ``{"error": ...}`` object)."""
+
+    def __init__(self, record: TaskRecord, include_usage: bool) -> None:
+        self.id = completion_id(record)
+        self.created = int(record.created_at)
+        self.model = record.model
+        self.include_usage = include_usage
+        self.calls = 0
+
+    def _chunk(self, delta: oa.Delta, finish: oa.FinishReason | None = None) -> oa.ChatCompletionChunk:
+        return oa.ChatCompletionChunk(id=self.id, created=self.created, model=self.model,
+                                      choices=[oa.ChunkChoice(delta=delta, finish_reason=finish)])
+
+    def render(self, event: Event) -> list[oa.ChatCompletionChunk | wire.Problem]:
+        name = event.name
+        if name == wire.CREATED:
+            return [self._chunk(oa.Delta(role="assistant", content=""))]
+        if name == wire.TEXT_DELTA:
+            return [self._chunk(oa.Delta(content=msgspec.json.decode(event.data, type=wire.OutputTextDelta).delta))]
+        if name == wire.REASONING_DELTA:
+            delta = msgspec.json.decode(event.data, type=wire.ReasoningSummaryTextDelta).delta
+            return [self._chunk(oa.Delta(reasoning_content=delta))]
+        if name == wire.ITEM_DONE:
+            item = msgspec.json.decode(event.data, type=wire.OutputItemDone).item
+            if isinstance(item, wire.OutputFunctionCall):
+                self.calls += 1
+                call = oa.ToolCallDelta(index=self.calls - 1, id=item.call_id,
+                                        function=oa.ToolCallFunction(name=item.name, arguments=item.arguments))
+                return [self._chunk(oa.Delta(tool_calls=[call]))]
+            return []
+        if name == wire.FAILED:
+            return [msgspec.json.decode(event.data, type=wire.ResponseFailed).error]
+        if name in wire.FINAL_EVENTS:
+            return self._final(name, event.data)
+        return []
+
+    def _final(self, name: str, data: bytes) -> list[oa.ChatCompletionChunk | wire.Problem]:
+        status = {wire.COMPLETED: "completed", wire.INCOMPLETE: "incomplete"}.get(name, "cancelled")
+        chunks: list[oa.ChatCompletionChunk | wire.Problem] = [
+            self._chunk(oa.Delta(), finish_reason(status, self.calls > 0))]
+        if self.include_usage and name in (wire.COMPLETED, wire.INCOMPLETE):
+            used = msgspec.json.decode(data, type=wire.ResponseCompleted).usage
+            chunks.append(oa.ChatCompletionChunk(id=self.id, created=self.created, model=self.model, choices=[],
+                                                 usage=completion_usage(used)))
+        return chunks

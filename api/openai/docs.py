@@ -1,0 +1,131 @@
+"""OpenAPI documentation of the ``/v1`` routes: examples rendered by the adapter itself (from a
+sample task and its log), OpenAI error objects per status, and streamed answers documented as
+``text/event-stream`` next to their JSON form."""
+
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+from litestar.openapi.datastructures import ResponseSpec
+from litestar.openapi.spec import Example, OpenAPIMediaType, OpenAPIResponse, OpenAPIType, Operation, Schema
+
+from api import openapi as doc
+from api.openai import objects as oa
+from api.openai import requests as rq
+from api.openai.chat import ChunkRenderer, completion
+from api.openai.errors import MEDIA_TYPE, ErrorObject, error_object
+from api.openai.rendering import ResponseView, render_all, response_object
+from api.openai.streams import DONE, data_frame, event_frames
+from lmsp_core import eventlog, wire
+from lmsp_core.errors import problem
+from lmsp_core.tasks import Kind, TaskRecord
+
+_CALL = "call_01J8M6Q4W9D3F6H8K2M4P6R8TV"
+_EVENTS: list[tuple[str, Any]] = [
+    (wire.CREATED, wire.ResponseCreated(response_id=doc.RESPONSE_ID)),
+    (wire.ITEM_ADDED, wire.OutputItemAdded(response_id=doc.RESPONSE_ID, output_index=0,
+                                           item=wire.OutputMessage(id=doc.MESSAGE_ID))),
+    (wire.TEXT_DELTA, wire.OutputTextDelta(response_id=doc.RESPONSE_ID, item_id=doc.MESSAGE_ID, delta=doc.TEXT)),
+    (wire.ITEM_DONE, wire.OutputItemDone(response_id=doc.RESPONSE_ID, output_index=0, item=doc.RESPONSE.output[0])),
+    (wire.COMPLETED, wire.ResponseCompleted(response_id=doc.RESPONSE_ID, status="completed", usage=doc.USAGE)),
+]
+
+
+def _sample(kind: Kind) -> TaskRecord:
+    request = wire.ResponseRequest(model=doc.MODEL, input=doc.REQUEST.input, max_output_tokens=64, store=True)
+    return TaskRecord(id=doc.TASK_ID, model=doc.MODEL, owner="local", kind=kind, status="completed",
+                      created_at=1794200000, finished_at=1794200003, response_id=doc.RESPONSE_ID,
+                      request=wire.encoder.encode(request), response=wire.encoder.encode(doc.RESPONSE))
+
+
+_LOG = [eventlog.Event(number, name, wire.encoder.encode(data)) for number, (name, data) in enumerate(_EVENTS, 1)]
+RESPONSE = response_object(ResponseView(_sample("direct")))
+QUEUED = msgspec.structs.replace(response_object(ResponseView(_sample("task"))), status="queued", output=[],
+                                 usage=None, completed_at=None)
+EVENT_STREAM = event_frames(render_all(ResponseView(_sample("direct")), _LOG)).decode()
+CHAT = completion(_sample("direct"))
+_CHUNKS = ChunkRenderer(_sample("direct"), include_usage=True)
+CHAT_STREAM = (b"".join(data_frame(chunk) for event in _LOG for chunk in _CHUNKS.render(event)) + DONE).decode()
+MODELS = oa.ModelList(data=[oa.Model(id=doc.MODEL)])
+
+RESPONSES_REQUESTS = [
+    doc.example("A short answer", rq.ResponsesRequest(model=doc.MODEL, input="Describe a local model service.",
+                                                      max_output_tokens=64)),
+    doc.example("Background, streamed (resumable)", rq.ResponsesRequest(
+        model=doc.MODEL, input="Write a haiku about queues.", instructions="Answer briefly.", background=True,
+        stream=True)),
+    doc.example("A function the model may call", rq.ResponsesRequest(
+        model=doc.MODEL, input="What is the weather in Paris?", tool_choice="auto", tools=[rq.FunctionTool(
+            name="get_weather", parameters={"type": "object", "properties": {"city": {"type": "string"}},
+                                            "required": ["city"]})])),
+]
+CHAT_REQUESTS = [
+    doc.example("A short answer", rq.ChatRequest(model=doc.MODEL, messages=[
+        {"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "Describe a queue."}],
+        max_completion_tokens=64)),
+    doc.example("Streamed, with usage", rq.ChatRequest(
+        model=doc.MODEL, messages=[{"role": "user", "content": "Write a haiku about queues."}], stream=True,
+        stream_options=rq.ChatStreamOptions(include_usage=True))),
+]
+
+# the errors of the /v1 routes: status and an example message per code
+_ERRORS: dict[str, tuple[int, str, str | None]] = {
+    "invalid_request": (400, "Invalid value for 'max_output_tokens': Expected `int` >= 1.", "max_output_tokens"),
+    "unsupported_parameter": (400, "Unsupported parameter: 'metadata' is not supported by this service.",
+                              "metadata"),
+    "unsupported_value": (400, "One choice is returned (n: 1).", "n"),
+    "context_length_exceeded": (400, "The prompt has 9000 tokens; the context window of model "
+                                     f"{doc.MODEL!r} is 8192 tokens.", "input"),
+    "not_cancellable": (400, "Only background responses can be cancelled.", None),
+    "unauthorized": (401, "This operation needs a bearer token: Authorization: Bearer <token>.", None),
+    "insufficient_scope": (403, "This operation needs the 'responses:write' scope.", None),
+    "model_not_found": (404, "Model 'no-such-model' does not exist.", "model"),
+    "response_not_found": (404, f"Response {doc.RESPONSE_ID!r} does not exist (or was not stored, or has "
+                                "expired).", None),
+    "event_history_expired": (410, "The events of this response have expired; retrieve it without stream.", None),
+    "idempotency_key_reused": (422, "This Idempotency-Key was already used with a different request.", None),
+    "rate_limited": (429, "More than 600 requests in 60 s; retry later.", None),
+    "too_many_streams": (429, "This principal already has 32 open streams.", None),
+    "generation_failed": (500, "The model failed while generating.", None),
+    "service_unavailable": (503, "The service's store is unreachable; retry shortly.", None),
+    "model_unavailable": (503, f"No worker is running model {doc.MODEL!r} right now.", None),
+    "server_busy": (503, f"The queue of model {doc.MODEL!r} is full (1000 tasks); retry later.", None),
+}
+COMMON_ERRORS = ("invalid_request", "unauthorized", "insufficient_scope", "rate_limited", "service_unavailable")
+GENERATION_ERRORS = (*COMMON_ERRORS, "unsupported_parameter", "unsupported_value", "context_length_exceeded",
+                     "model_not_found", "event_history_expired", "idempotency_key_reused", "too_many_streams",
+                     "generation_failed", "model_unavailable", "server_busy")
+
+
+def errors(*codes: str) -> dict[int, ResponseSpec]:
+    """OpenAI error objects, one example per code, grouped by status."""
+    by_status: dict[int, list[Example]] = {}
+    for code in codes:
+        status, message, param = _ERRORS[code]
+        value = error_object(problem(status, code, "", message), param)
+        by_status.setdefault(status, []).append(doc.LiteralExample(id=code, summary=code, value=msgspec.to_builtins(
+            value)))
+    return {status: ResponseSpec(data_container=ErrorObject, media_type=MEDIA_TYPE, examples=examples,
+                                 generate_examples=False,
+                                 description="OpenAI's error object; `code` is the service's stable code")
+            for status, examples in by_status.items()}
+
+
+def ok(data_container: Any, description: str, value: Any) -> ResponseSpec:
+    return doc.ok(data_container, description, doc.LiteralExample(summary="Example", value=msgspec.to_builtins(value)))
+
+
+def with_event_stream(description: str, example: str) -> type[Operation]:
+    """An operation class that documents ``text/event-stream`` as the other form of its ``200``."""
+
+    @dataclass
+    class StreamingOperation(Operation):
+        def __post_init__(self) -> None:
+            answer = (self.responses or {}).get("200")
+            if isinstance(answer, OpenAPIResponse):
+                answer.content = {**(answer.content or {}), "text/event-stream": OpenAPIMediaType(
+                    schema=Schema(type=OpenAPIType.STRING, description=description),
+                    examples={"events": doc.LiteralExample(summary="Server-sent events", value=example)})}
+
+    return StreamingOperation
+

@@ -1,0 +1,332 @@
+"""OpenAI request bodies -> LMSP requests (``wire.ResponseRequest``), which then take the ordinary
+submit path. Everything a body asks for is either translated or refused with a 400 that names the
+parameter; nothing is dropped silently.
+
+How the response object echoes a request (``instructions``, a ``json_object`` format) is kept in
+the request itself, in the private extension ``x-openai``, which workers ignore: the task stays the
+only record of what was asked.
+"""
+
+from collections.abc import Sequence
+from typing import Any, Literal
+
+from api.openai import requests as oa
+from api.openai.errors import converted, unsupported
+from lmsp_core import wire
+from lmsp_core.catalog import ModelSpec
+from lmsp_core.errors import InvalidRequest, UnsupportedCapability
+from lmsp_core.extensions import SEED, STOP, TOP_P
+from lmsp_core.wire import Capability
+
+EXTENSION = "x-openai"
+JSON_OBJECT = wire.JsonSchemaSpec(name="json_object", schema={"type": "object"})
+DEFAULT_TIERS = (None, "auto", "default")
+
+# the parameter behind each code of the shared checks, per endpoint (errors.with_param)
+_SHARED_PARAMS = {"model_not_found": "model", "max_output_tokens_too_large": "max_output_tokens",
+                  "too_many_tools": "tools", "duplicate_tool_name": "tools", "invalid_tool_schema": "tools",
+                  "unknown_tool": "tool_choice", "invalid_tool_choice": "tool_choice"}
+RESPONSES_PARAMS = {**_SHARED_PARAMS, "context_length_exceeded": "input", "too_many_input_items": "input",
+                    "input_too_long": "input", "unmatched_call_id": "input", "invalid_json_schema": "text.format",
+                    "response_not_found": "previous_response_id", "previous_response_in_progress":
+                    "previous_response_id", "conversation_too_long": "previous_response_id"}
+CHAT_PARAMS = {**_SHARED_PARAMS, "context_length_exceeded": "messages", "too_many_input_items": "messages",
+               "input_too_long": "messages", "unmatched_call_id": "messages",
+               "invalid_json_schema": "response_format", "max_output_tokens_too_large": "max_completion_tokens"}
+
+
+# --- POST /v1/responses ------------------------------------------------------------------------------
+
+
+def responses_request(body: oa.ResponsesRequest, spec: ModelSpec) -> wire.ResponseRequest:
+    _check_response_options(body)
+    store = stored(body, spec)
+    if body.background and not store:
+        raise unsupported("background", "A background response must be stored (store: true) so that it can be "
+                                        "retrieved, resumed and cancelled.")
+    items = input_items(body.input)
+    if body.instructions is not None:
+        items = [wire.Message(role="system", content=[wire.InputText(text=body.instructions)]), *items]
+    response_format, echo = _text_format(body.text)
+    if body.instructions is not None:
+        echo["instructions"] = True
+    request = wire.ResponseRequest(
+        model=body.model, input=items, stream=bool(body.stream), max_output_tokens=body.max_output_tokens,
+        temperature=body.temperature, response_format=response_format, tools=_tools(body.tools, "tools"),
+        tool_choice=_tool_choice(body.tool_choice), store=store, previous_response_id=body.previous_response_id,
+        extensions=_extensions(top_p=body.top_p, echo=echo),
+    )
+    _check_capabilities(request, spec, input_param="input", format_param="text.format")
+    return request
+
+
+def stored(body: oa.ResponsesRequest, spec: ModelSpec) -> bool:
+    """``store`` defaults to true, as on OpenAI, where the model can store responses."""
+    if body.store is None:
+        return spec.has("conversations")
+    if body.store:
+        _require(spec, "conversations", "store", "store: true")
+    return body.store
+
+
+def _check_response_options(body: oa.ResponsesRequest) -> None:
+    if body.parallel_tool_calls is False:
+        raise unsupported("parallel_tool_calls", "parallel_tool_calls: false is not supported: a model may call "
+                                                 "several functions in one response.")
+    if body.truncation == "auto":
+        raise unsupported("truncation", "truncation: auto is not supported: input that does not fit the context "
+                                        "window is refused (context_length_exceeded).")
+    if body.include:
+        raise unsupported("include", f"include {body.include!r} is not supported: nothing can be included.")
+    _common_options(body.service_tier, body.top_logprobs)
+    if body.max_tool_calls is not None:
+        raise unsupported("max_tool_calls", "max_tool_calls is not supported.", value=False)
+    if body.stream_options is not None and body.stream_options.include_obfuscation:
+        raise unsupported("stream_options.include_obfuscation", "Stream obfuscation is not supported.")
+
+
+def _common_options(service_tier: str | None, top_logprobs: int | None) -> None:
+    if service_tier not in DEFAULT_TIERS:
+        raise unsupported("service_tier", f"service_tier {service_tier!r} is not supported; use 'auto' or 'default'.")
+    if top_logprobs:
+        raise unsupported("top_logprobs", "Log probabilities are not supported.")
+
+
+def _text_format(text: oa.TextConfig | None) -> tuple[wire.ResponseFormat | None, dict[str, Any]]:
+    chosen = text.format if text is not None else None
+    if isinstance(chosen, oa.JsonObjectFormat):
+        return wire.JsonSchemaFormat(json_schema=JSON_OBJECT), {"format": "json_object"}
+    if isinstance(chosen, oa.JsonSchemaFormat):
+        spec = converted({"name": chosen.name, "schema": chosen.schema, "description": chosen.description,
+                          "strict": chosen.strict}, wire.JsonSchemaSpec, "text.format")
+        return wire.JsonSchemaFormat(json_schema=spec), {}
+    return (wire.TextFormat() if chosen is not None else None), {}
+
+
+def _tools(tools: Sequence[oa.FunctionTool | oa.FunctionDefinition] | None,
+           param: str) -> list[wire.FunctionTool] | None:
+    if tools is None:
+        return None
+    return [converted({"type": "function", "name": tool.name, "description": tool.description or "",
+                       "parameters": tool.parameters if tool.parameters is not None else {"type": "object"},
+                       "strict": tool.strict}, wire.FunctionTool, f"{param}[{index}]" + (
+                           ".function" if isinstance(tool, oa.FunctionDefinition) else ""))
+            for index, tool in enumerate(tools)]
+
+
+def _tool_choice(choice: str | oa.NamedFunction | oa.ChatNamedTool | None) -> wire.ToolChoice | None:
+    if isinstance(choice, oa.NamedFunction):
+        return converted({"type": "function", "name": choice.name}, wire.NamedToolChoice, "tool_choice")
+    if isinstance(choice, oa.ChatNamedTool):
+        return converted({"type": "function", "name": choice.function.name}, wire.NamedToolChoice,
+                         "tool_choice.function")
+    return choice  # type: ignore[return-value]  # the Literal of the request type
+
+
+def _extensions(*, top_p: float | None = None, seed: int | None = None, stop: str | list[str] | None = None,
+                echo: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    extensions: dict[str, Any] = {}
+    if top_p is not None:
+        extensions[TOP_P] = top_p
+    if seed is not None:
+        extensions[SEED] = seed
+    if stop:
+        extensions[STOP] = stop
+    if echo:
+        extensions[EXTENSION] = echo
+    return extensions or None
+
+
+def echo_of(request: wire.ResponseRequest) -> dict[str, Any]:
+    """What ``x-openai`` recorded about the translation of a request."""
+    echo = (request.extensions or {}).get(EXTENSION)
+    return echo if isinstance(echo, dict) else {}
+
+
+# --- input items -------------------------------------------------------------------------------------
+
+
+def input_items(raw: str | list[dict[str, Any]]) -> list[wire.InputItem]:
+    if isinstance(raw, str):
+        return [wire.Message(role="user", content=[wire.InputText(text=raw)])]
+    if not raw:
+        raise InvalidRequest("input must not be empty.", extra={"param": "input"})
+    return [_input_item(item, f"input[{index}]") for index, item in enumerate(raw)]
+
+
+def _input_item(item: dict[str, Any], param: str) -> wire.InputItem:
+    kind = item.get("type", "message")
+    if kind == "message":
+        message: oa.MessageItem = converted(item, oa.MessageItem, param)
+        role = "system" if message.role == "developer" else message.role
+        return wire.Message(role=role, content=_parts(message.content, param, role), id=message.id)
+    if kind == "function_call":
+        call: oa.FunctionCallItem = converted(item, oa.FunctionCallItem, param)
+        return converted({"type": "function_call", "call_id": call.call_id, "name": call.name,
+                          "arguments": call.arguments, "id": call.id}, wire.FunctionCall, param)
+    if kind == "function_call_output":
+        output: oa.FunctionCallOutputItem = converted(item, oa.FunctionCallOutputItem, param)
+        text = output.output if isinstance(output.output, str) else _text(output.output, f"{param}.output")
+        return wire.FunctionCallOutput(call_id=output.call_id, output=text, id=output.id)
+    if kind == "reasoning":
+        reasoning: oa.ReasoningItem = converted(item, oa.ReasoningItem, param)
+        if reasoning.content:
+            raise unsupported(f"{param}.content", "Reasoning content (reasoning_text) is not supported as input; "
+                                                  "send the summary.")
+        return wire.Reasoning(summary=[wire.SummaryText(text=part.text) for part in reasoning.summary],
+                              id=reasoning.id)
+    raise unsupported(f"{param}.type", f"Input items of type {kind!r} are not supported; use message, "
+                                       "function_call, function_call_output or reasoning.")
+
+
+TEXT_TYPES = ("input_text", "output_text", "text")
+
+
+def _parts(content: str | list[dict[str, Any]], param: str, role: str) -> list[wire.ContentPart]:
+    if isinstance(content, str):
+        return [wire.OutputText(text=content) if role == "assistant" else wire.InputText(text=content)]
+    parts: list[wire.ContentPart] = []
+    for index, raw in enumerate(content):
+        where = f"{param}.content[{index}]"
+        kind = raw.get("type") if isinstance(raw, dict) else None
+        if kind not in TEXT_TYPES:  # before decoding: an image part's fields are not a text part's
+            raise InvalidRequest(f"Content of type {kind!r} is not supported: this service takes text only.",
+                                 code="unsupported_content_type", extra={"param": f"{where}.type"})
+        part: oa.ContentPart = converted(raw, oa.ContentPart, where)
+        if part.text is None:
+            raise InvalidRequest("A text part needs text.", extra={"param": f"{where}.text"})
+        if part.annotations:
+            raise unsupported(f"{where}.annotations", "Annotations are not supported in input.")
+        parts.append(wire.OutputText(text=part.text) if part.type == "output_text" else wire.InputText(text=part.text))
+    return parts
+
+
+def _text(content: list[dict[str, Any]], param: str) -> str:
+    """The text of a list of text parts (a tool's output, or a chat message's content)."""
+    return "".join(part.text for part in _parts(content, param, "user") if isinstance(part, wire.TEXT_PARTS))
+
+
+# --- POST /v1/chat/completions -------------------------------------------------------------------------
+
+
+def chat_request(body: oa.ChatRequest, spec: ModelSpec) -> wire.ResponseRequest:
+    _check_chat_options(body)
+    if body.max_tokens is not None and body.max_completion_tokens not in (None, body.max_tokens):
+        raise InvalidRequest("Set max_completion_tokens or max_tokens, not both.", extra={"param": "max_tokens"})
+    request = wire.ResponseRequest(
+        model=body.model, input=chat_items(body.messages), stream=bool(body.stream),
+        max_output_tokens=body.max_completion_tokens or body.max_tokens, temperature=body.temperature,
+        response_format=_chat_format(body.response_format), tools=_tools(
+            [tool.function for tool in body.tools] if body.tools is not None else None, "tools"),
+        tool_choice=_tool_choice(body.tool_choice), extensions=_extensions(
+            top_p=body.top_p, seed=body.seed, stop=body.stop),
+    )
+    _check_capabilities(request, spec, input_param="messages", format_param="response_format")
+    return request
+
+
+_NO_EFFECT: list[tuple[str, Any, str]] = [
+    ("n", (None, 1), "One choice is returned (n: 1)."),
+    ("parallel_tool_calls", (None, True), "parallel_tool_calls: false is not supported: a model may call several "
+                                          "functions in one answer."),
+    ("logprobs", (None, False), "Log probabilities are not supported."),
+    ("frequency_penalty", (None, 0), "frequency_penalty is not supported (only 0)."),
+    ("presence_penalty", (None, 0), "presence_penalty is not supported (only 0)."),
+    ("store", (None, False), "Chat completions are not stored (store: false); use /v1/responses to store."),
+    ("modalities", (None, ["text"]), "Only the text modality is supported."),
+]
+
+
+def _check_chat_options(body: oa.ChatRequest) -> None:
+    for name, allowed, message in _NO_EFFECT:
+        if getattr(body, name) not in allowed:
+            raise unsupported(name, message)
+    _common_options(body.service_tier, body.top_logprobs)
+    if body.stream_options is not None:
+        if not body.stream:
+            raise InvalidRequest("stream_options is only allowed with stream: true.",
+                                 extra={"param": "stream_options"})
+        if body.stream_options.include_obfuscation:
+            raise unsupported("stream_options.include_obfuscation", "Stream obfuscation is not supported.")
+
+
+def _chat_format(chosen: oa.TextFormat | oa.JsonObjectFormat | oa.ChatJsonSchemaFormat | None
+                 ) -> wire.ResponseFormat | None:
+    if isinstance(chosen, oa.JsonObjectFormat):
+        return wire.JsonSchemaFormat(json_schema=JSON_OBJECT)
+    if isinstance(chosen, oa.ChatJsonSchemaFormat):
+        schema = chosen.json_schema
+        spec = converted({"name": schema.name, "description": schema.description, "strict": schema.strict,
+                          "schema": schema.schema if schema.schema is not None else {"type": "object"}},
+                         wire.JsonSchemaSpec, "response_format.json_schema")
+        return wire.JsonSchemaFormat(json_schema=spec)
+    return wire.TextFormat() if chosen is not None else None
+
+
+def chat_items(messages: list[dict[str, Any]]) -> list[wire.InputItem]:
+    items: list[wire.InputItem] = []
+    for index, raw in enumerate(messages):
+        param = f"messages[{index}]"
+        message: oa.ChatMessage = converted(raw, oa.ChatMessage, param)
+        _check_fields(message, param)
+        items += _chat_message(message, param)
+    return items
+
+
+_ROLE_FIELDS = {"tool_calls": "assistant", "reasoning_content": "assistant", "tool_call_id": "tool"}
+
+
+def _check_fields(message: oa.ChatMessage, param: str) -> None:
+    for field, role in _ROLE_FIELDS.items():
+        if getattr(message, field) is not None and message.role != role:
+            raise InvalidRequest(f"{field} is only allowed in {role} messages.", extra={"param": f"{param}.{field}"})
+    if message.annotations:
+        raise unsupported(f"{param}.annotations", "Annotations are not supported in input.")
+    if message.role == "tool" and message.tool_call_id is None:
+        raise InvalidRequest("A tool message needs tool_call_id.", extra={"param": f"{param}.tool_call_id"})
+    if message.role not in ("assistant",) and message.content is None:
+        raise InvalidRequest(f"A {message.role} message needs content.", extra={"param": f"{param}.content"})
+
+
+def _chat_message(message: oa.ChatMessage, param: str) -> list[wire.InputItem]:
+    content = message.content
+    text = content if isinstance(content, str) or content is None else _text(content, param)
+    if message.role == "tool":
+        assert message.tool_call_id is not None
+        return [wire.FunctionCallOutput(call_id=message.tool_call_id, output=text or "")]
+    if message.role != "assistant":
+        role: Literal["system", "user"] = "user" if message.role == "user" else "system"
+        return [wire.Message(role=role, content=[wire.InputText(text=text or "")])]
+    items: list[wire.InputItem] = []
+    if message.reasoning_content:
+        items.append(wire.Reasoning(summary=[wire.SummaryText(text=message.reasoning_content)]))
+    if text or not message.tool_calls:
+        items.append(wire.Message(role="assistant", content=[wire.OutputText(text=text or "")]))
+    for index, call in enumerate(message.tool_calls or ()):
+        items.append(converted({"type": "function_call", "call_id": call.id, "name": call.function.name,
+                                "arguments": call.function.arguments}, wire.FunctionCall,
+                               f"{param}.tool_calls[{index}].function"))
+    return items
+
+
+# --- capabilities, with the parameter that needs them ----------------------------------------------------
+
+
+def _require(spec: ModelSpec, capability: Capability, param: str, what: str) -> None:
+    if not spec.has(capability):
+        raise UnsupportedCapability(f"{what} needs the {capability!r} capability, which model {spec.id!r} does "
+                                    "not have.", extra={"param": param})
+
+
+def _check_capabilities(request: wire.ResponseRequest, spec: ModelSpec, *, input_param: str,
+                        format_param: str) -> None:
+    if request.stream:
+        _require(spec, "streaming", "stream", "stream: true")
+    if request.tools or request.tool_choice is not None:
+        _require(spec, "tools", "tools", "tools")
+    if any(isinstance(item, wire.FunctionCall | wire.FunctionCallOutput) for item in request.input):
+        _require(spec, "tools", input_param, "Function calls and their outputs")
+    if isinstance(request.response_format, wire.JsonSchemaFormat):
+        _require(spec, "structured_output", format_param, "A JSON output format")
+    if request.previous_response_id is not None:
+        _require(spec, "conversations", "previous_response_id", "previous_response_id")

@@ -1,0 +1,180 @@
+"""OpenAI's Responses API on the service's tasks: ``POST /v1/responses``, ``GET /v1/responses/{id}``
+(with ``?stream=true&starting_after=N``), ``POST /v1/responses/{id}/cancel``.
+
+A response is a task: direct (its connection's, as ``POST /lmsp/v1/responses``) unless
+``background: true``, which makes it a task of the tasks API, listed at ``/lmsp/v1/tasks`` and
+followed, resumed and cancelled here or there alike. Its id is the task's response id, found again
+through the stored response (``store`` defaults to true).
+"""
+
+import asyncio
+import contextlib
+from typing import Annotated, Any
+
+from litestar import Controller, Request, Response, get, post
+from litestar.params import Body, Parameter
+
+from api import direct, idempotency, sse
+from api.idempotency import REPLAYED, IdempotencyKey
+from api.openai import PREFIX, docs
+from api.openai import requests as rq
+from api.openai.errors import FailedGeneration, errors_only, with_param
+from api.openai.objects import Response as ResponseObject
+from api.openai.rendering import ResponseView, response_object
+from api.openai.streams import response_events
+from api.openai.translation import RESPONSES_PARAMS, responses_request
+from api.services import Services
+from api.submit import submit
+from lmsp_core import eventlog, ids, tokens, wire
+from lmsp_core.conversations import StoredResponse
+from lmsp_core.errors import Forbidden, GenerationFailed, Gone, InvalidRequest, LmspError, NotFound
+from lmsp_core.tasks import Kind, TaskRecord
+from lmsp_core.tokens import Identity
+
+CANCEL_WAIT = 3.0  # as POST /lmsp/v1/tasks/{id}/cancel
+ENDPOINT = "openai.responses"  # Idempotency-Key fingerprints: never shared with another route
+
+_STREAMED = docs.with_event_stream(
+    "OpenAI's Responses stream events; `sequence_number` is the cursor of `starting_after`", docs.EVENT_STREAM)
+
+
+class OpenAIResponsesController(Controller):
+    path = f"{PREFIX}/responses"
+    tags = ["openai"]
+
+    @post(status_code=200, summary="Create a response (OpenAI)", opt={"scope": tokens.RESPONSES_WRITE},
+          operation_class=_STREAMED, after_request=errors_only,
+          description="OpenAI's `responses.create`: the response object, or with `stream: true` its events "
+                      "(`text/event-stream`). `background: true` makes it a task (also `tasks:write`): the "
+                      "answer comes at once (`queued`), and the response is followed, resumed and cancelled by id. "
+                      "Unsupported parameters are refused with `400` naming them; see docs/protocol.md, \"OpenAI "
+                      "compatibility\".",
+          responses={200: docs.ok(ResponseObject, "The response (with `background`: as queued)", docs.RESPONSE),
+                     **docs.errors(*docs.GENERATION_ERRORS, "response_not_found")})
+    async def create_response(
+        self, request: Request[Any, Any, Any],
+        data: Annotated[rq.ResponsesRequest, Body(examples=docs.RESPONSES_REQUESTS)],
+        services: Services, identity: Identity, idempotency_key: IdempotencyKey = None,
+    ) -> Response[Any]:
+        key = idempotency.parse_key(idempotency_key)
+        try:
+            lmsp = responses_request(data, services.catalog.get(data.model))
+            if data.background and tokens.TASKS_WRITE not in identity.scopes:
+                raise Forbidden("A background response is a task: it needs the 'tasks:write' scope too.",
+                                scope=tokens.TASKS_WRITE)
+            kind: Kind = "task" if data.background else "direct"
+            slot = await services.limits.open_stream(identity.principal) if data.stream else None
+            try:
+                record, repeated = await submit(services, lmsp, kind=kind, owner=identity.principal,
+                                                idempotency_key=key, endpoint=f"{ENDPOINT}.{kind}")
+                if slot is not None and repeated:
+                    await _check_history(services, record)
+            except BaseException:
+                if slot is not None:
+                    await slot.release()
+                raise
+        except LmspError as exc:
+            raise with_param(exc, RESPONSES_PARAMS) from None
+        headers = REPLAYED if repeated else {}
+        view = ResponseView(record)
+        if slot is not None:
+            events = response_events(services, view, cancel=kind == "direct" and key is None)
+            return sse.response(slot.wrap(events), headers)
+        if kind == "task":
+            return _json(response_object(view), headers)
+        if not await direct.final_or_disconnect(services, record, request.receive):
+            if key is None:
+                await direct.cancel(services, record)
+            return Response(content=b"", status_code=499)
+        return _json(_final(view, await services.store.get(record.id)), headers)
+
+    @get("/{response_id:str}", summary="Retrieve a response (OpenAI)", opt={"scope": tokens.RESPONSES_READ},
+         operation_class=_STREAMED, after_request=errors_only,
+         description="OpenAI's `responses.retrieve`: a stored response of the caller (`queued` or `in_progress` "
+                     "without output until it is final). With `stream=true` its events from the start, or those "
+                     "after `starting_after`, then live ones until the last; `410` once its events have expired.",
+         responses={200: docs.ok(ResponseObject, "The response", docs.RESPONSE),
+                    **docs.errors(*docs.COMMON_ERRORS, "unsupported_value", "response_not_found",
+                                  "event_history_expired", "too_many_streams")})
+    async def retrieve_response(
+        self, response_id: str, services: Services, owner: str, stream: bool = False,
+        starting_after: Annotated[int | None, Parameter(ge=-1, description="stream the events numbered above "
+                                                                             "this `sequence_number`")] = None,
+        include_obfuscation: bool | None = None, include: list[str] | None = None,
+    ) -> Response[Any]:
+        if include_obfuscation:
+            raise InvalidRequest("Stream obfuscation is not supported.", code="unsupported_value",
+                                 extra={"param": "include_obfuscation"})
+        if include:
+            raise InvalidRequest(f"include {include!r} is not supported: nothing can be included.",
+                                 code="unsupported_value", extra={"param": "include"})
+        stored, record = await _load(services, response_id, owner)
+        if not stream:
+            if record is None:  # the task's record expired before the stored response
+                return _json(response_object(_view(stored), stored=stored.as_response()))
+            return _json(response_object(ResponseView(record)))
+        if record is None or (record.final and not await eventlog.history_exists(services.redis, record.id)):
+            raise Gone(f"The events of response {response_id} have expired; retrieve it without stream.")
+        slot = await services.limits.open_stream(owner)
+        after = -1 if starting_after is None else starting_after
+        return sse.response(slot.wrap(response_events(services, ResponseView(record), after)))
+
+    @post("/{response_id:str}/cancel", status_code=200, summary="Cancel a response (OpenAI)",
+          opt={"scope": tokens.TASKS_WRITE}, after_request=errors_only,
+          description="OpenAI's `responses.cancel`, for background responses (a direct one stops when its client "
+                      "goes away): a queued one never runs, a running one stops within a few tokens (the call "
+                      "waits up to 3 s) and keeps its output. Idempotent; a final response is returned as it is.",
+          responses={200: docs.ok(ResponseObject, "The response", docs.RESPONSE),
+                     **docs.errors(*docs.COMMON_ERRORS, "not_cancellable", "response_not_found")})
+    async def cancel_response(self, response_id: str, services: Services, owner: str) -> Response[Any]:
+        stored, record = await _load(services, response_id, owner)
+        if record is None:
+            return _json(response_object(_view(stored), stored=stored.as_response()))
+        if record.kind != "task":
+            raise InvalidRequest("Only background responses can be cancelled; a direct response stops when its "
+                                 "client disconnects.", code="not_cancellable")
+        if await services.store.cancel(record) == "in_progress":
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(_until_final(services, record), CANCEL_WAIT)
+        return _json(response_object(ResponseView(await services.store.get(record.id) or record)))
+
+
+def _json(value: ResponseObject, headers: dict[str, str] | None = None) -> Response[Any]:
+    return Response(content=wire.encoder.encode(value), media_type="application/json", headers=headers or {})
+
+
+def _final(view: ResponseView, record: TaskRecord | None) -> ResponseObject:
+    if record is None or record.response is None:
+        raise GenerationFailed("The response was lost before it could be returned.")
+    if record.status == "failed":
+        raise FailedGeneration(record.problem() or GenerationFailed("Generation failed.").problem())
+    return response_object(view, record)
+
+
+async def _load(services: Services, response_id: str, owner: str) -> tuple[StoredResponse, TaskRecord | None]:
+    """The caller's stored response and its task (None once the task's record has expired)."""
+    if not ids.is_id(response_id, ids.RESPONSE):
+        raise NotFound(f"Response {response_id!r} does not exist.", code="response_not_found")
+    stored = await services.conversations.load(response_id, owner)
+    record = await services.store.get(stored.task_id)
+    return stored, record if record is not None and record.owner == owner else None
+
+
+def _view(stored: StoredResponse) -> ResponseView:
+    """What remains of a response whose task record expired: its stored turn (no request options)."""
+    request = wire.ResponseRequest(model=stored.model, input=stored.input, store=True,
+                                   previous_response_id=stored.previous_response_id)
+    return ResponseView(TaskRecord(id=stored.task_id, model=stored.model, owner=stored.owner, kind="direct",
+                                   status="completed", created_at=stored.created_at, response_id=stored.response_id,
+                                   request=wire.encoder.encode(request)))
+
+
+async def _check_history(services: Services, record: TaskRecord) -> None:
+    """A streaming repeat replays the task's events from the start: they must still exist."""
+    if record.final and not await eventlog.history_exists(services.redis, record.id):
+        raise Gone("The events of this response have expired; repeat the request without stream to get it.")
+
+
+async def _until_final(services: Services, record: TaskRecord) -> None:
+    async for _ in services.hub.follow(record, record.last_event_id):
+        pass

@@ -15,12 +15,13 @@ from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig, MistralC
 from lmsp_core.catalog import TINY_RANDOM
 from lmsp_core.settings import load_settings
 from workers import loader, precision, scheduler
-from workers.decoder import Decoder, on_int4_grid, unsupported_reason
+from workers.decoder import Decoder, unsupported_reason
 from workers.engine import LENGTH, Engine, Sequence
 from workers.hfslots import HfSlots
 from workers.kvslots import Chunk, Feed, StepPlan
 from workers.sampling import RowSampler, SamplingParams
 from workers.sequence import Sink
+from workers.weights import on_int4_grid
 
 SMALL = {"vocab_size": 512, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
          "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 256,
@@ -184,13 +185,13 @@ def test_4_bit_weights_only_where_they_lose_nothing() -> None:
     dense = decode_greedy(Decoder(model.to(torch.bfloat16), slots=2, positions=256), prompt, 16)
     packed = Decoder(model, slots=2, positions=256)
     assert packed.pack_int4(exact, lossless_only=True)
-    assert packed.typed_layers[0].qkv.packed is not None
+    assert packed.typed_layers[0].qkv.int4 is not None
     assert decode_greedy(packed, prompt, 16) == dense
     # weights off the grid: auto leaves them dense
     unpacked = Decoder(random_model(CONFIGS["llama"], torch.bfloat16), slots=2, positions=256)
     other = {name: w.detach().float() for name, w in random_model(CONFIGS["llama"]).named_parameters()}
     assert not unpacked.pack_int4(other, lossless_only=True)
-    assert unpacked.typed_layers[0].qkv.packed is None
+    assert unpacked.typed_layers[0].qkv.int4 is None
 
 
 def test_the_cpu_precision_is_measured_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

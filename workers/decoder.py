@@ -25,12 +25,12 @@ from torch import Tensor, nn
 from torch.nn import functional
 
 from workers.kvslots import KvSlots, StepPlan
+from workers.weights import GROUP, Linear, frozen, on_int4_grid
 
 logger = logging.getLogger(__name__)
 
 ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
-GROUP = 32  # inputs per scale of 4-bit weights (as in GGUF's Q4 formats)
-PACKED_ROWS = 8  # products of at most this many rows use packed 4-bit weights (decoding)
+PREFILL_ROWS = 32  # the product size prepacked layers are laid out for
 ATTENTION_BLOCK = 256  # with CUDA graphs, attention lengths are rounded up to this (fewer graphs)
 
 
@@ -67,67 +67,6 @@ def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return x * cos + rotated * sin
 
 
-def _frozen(tensor: Tensor) -> nn.Parameter:
-    return nn.Parameter(tensor.detach(), requires_grad=False)
-
-
-class Linear(nn.Module):
-    """``x @ weight.T + bias`` for 2-D ``x``; with ``pack_int4``, products of up to ``PACKED_ROWS``
-    rows (decoding steps) use 4-bit weights, which read a quarter of the bytes of bfloat16 ones."""
-
-    def __init__(self, weight: Tensor, bias: Tensor | None = None) -> None:
-        super().__init__()
-        self.weight = _frozen(weight)
-        self.bias = None if bias is None else _frozen(bias)
-        self.packed: Tensor | None = None
-        self.scales_zeros: Tensor | None = None
-        self.residual_scales: Tensor | None = None
-
-    def pack_int4(self, source: Tensor) -> None:
-        """Pack ``source`` (this layer's weights in float32) as 4-bit groups."""
-        self.packed, scales_zeros = int4_groups(source)
-        self.scales_zeros = scales_zeros.to(self.weight.dtype)
-        self.residual_scales = (scales_zeros - self.scales_zeros.float()).to(self.weight.dtype)
-
-    def forward(self, x: Tensor) -> Tensor:
-        x = x.to(self.weight.dtype)
-        if self.packed is not None and self.scales_zeros is not None and x.shape[0] <= PACKED_ROWS:
-            y = torch._weight_int4pack_mm_for_cpu(x, self.packed, GROUP, self.scales_zeros).float()
-            if self.residual_scales is not None:
-                y = y + torch._weight_int4pack_mm_for_cpu(x, self.packed, GROUP, self.residual_scales).float()
-            y = y.to(x.dtype)
-            return y if self.bias is None else y + self.bias
-        return functional.linear(x, self.weight, self.bias)
-
-
-def on_int4_grid(weight: Tensor) -> bool:
-    """Whether 4-bit groups represent ``weight`` (float32) exactly."""
-    packed_codes, scales_zeros = _quantize(weight)
-    scale, zero = scales_zeros[..., 0].transpose(0, 1), scales_zeros[..., 1].transpose(0, 1)
-    rows, cols = weight.shape
-    restored = (packed_codes.view(rows, cols // GROUP, GROUP) - 8) * scale[..., None] + zero[..., None]
-    return bool(torch.equal(restored.view(rows, cols), weight))
-
-
-def int4_groups(weight: Tensor) -> tuple[Tensor, Tensor]:
-    """4-bit codes of each group of ``GROUP`` inputs, packed for torch's CPU kernel, and each group's
-    scale and zero point: ``w = (code - 8) * scale + zero``."""
-    codes, scales_zeros = _quantize(weight)
-    return torch._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32), 1), scales_zeros
-
-
-def _quantize(weight: Tensor) -> tuple[Tensor, Tensor]:
-    """Codes 0..15 ``[rows, cols]`` (float32) and ``[groups, rows, 2]`` scales and zeros (float32):
-    each group's range in 15 steps, as llama.cpp's Q4_1 quantises (so its weights come back exactly)."""
-    rows, cols = weight.shape
-    groups = weight.float().view(rows, cols // GROUP, GROUP)
-    low, high = groups.amin(-1), groups.amax(-1)
-    scale = ((high - low) / 15).clamp(min=torch.finfo(torch.float32).tiny)
-    codes = ((groups - low[..., None]) / scale[..., None]).round().clamp(0, 15)
-    scales_zeros = torch.stack([scale, low + 8 * scale], dim=-1).transpose(0, 1).contiguous()
-    return codes.view(rows, cols), scales_zeros
-
-
 def _fused(*linears: Any) -> Linear:
     """One product for several of the model's linear layers, whose weights then become views of the
     fused one: the model still works, and its weights are not held twice."""
@@ -136,9 +75,9 @@ def _fused(*linears: Any) -> Linear:
     start = 0
     for linear in linears:
         rows = linear.weight.shape[0]
-        linear.weight = _frozen(fused.weight[start:start + rows])
+        linear.weight = frozen(fused.weight[start:start + rows])
         if fused.bias is not None:
-            linear.bias = _frozen(fused.bias[start:start + rows])
+            linear.bias = frozen(fused.bias[start:start + rows])
         start += rows
     return fused
 
@@ -148,13 +87,13 @@ class Layer(nn.Module):
         super().__init__()
         attn, mlp = hf_layer.self_attn, hf_layer.mlp
         self.eps = eps
-        self.input_norm = _frozen(hf_layer.input_layernorm.weight)
-        self.post_norm = _frozen(hf_layer.post_attention_layernorm.weight)
+        self.input_norm = frozen(hf_layer.input_layernorm.weight)
+        self.post_norm = frozen(hf_layer.post_attention_layernorm.weight)
         self.qkv = _fused(attn.q_proj, attn.k_proj, attn.v_proj)
         self.o = Linear(attn.o_proj.weight, attn.o_proj.bias)
         q_norm, k_norm = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)
-        self.q_norm = None if q_norm is None else _frozen(q_norm.weight)
-        self.k_norm = None if k_norm is None else _frozen(k_norm.weight)
+        self.q_norm = None if q_norm is None else frozen(q_norm.weight)
+        self.k_norm = None if k_norm is None else frozen(k_norm.weight)
         self.gate_up = _fused(mlp.gate_proj, mlp.up_proj)
         self.down = Linear(mlp.down_proj.weight)
 
@@ -196,10 +135,10 @@ class Decoder(nn.Module):
         self.shape = (heads, kv_heads, head_dim)
         self.group = heads // kv_heads
         self.eps = config.rms_norm_eps
-        self.embed = _frozen(base.embed_tokens.weight)
+        self.embed = frozen(base.embed_tokens.weight)
         self.layers = nn.ModuleList(Layer(layer, config.rms_norm_eps) for layer in base.layers)
         self.typed_layers: list[Layer] = list(self.layers)  # type: ignore[arg-type]
-        self.norm = _frozen(base.norm.weight)
+        self.norm = frozen(base.norm.weight)
         self.lm_head = Linear(model.lm_head.weight)
         dtype, device = self.embed.dtype, self.embed.device
         self.device = device
@@ -213,13 +152,23 @@ class Decoder(nn.Module):
         self._decode = self.forward
         if compile:
             # shapes stay symbolic (one compilation); with CUDA graphs one graph is recorded per
-            # batch-size bucket and attention-length block
+            # batch-size bucket and attention-length block. Freezing makes the weights constants of
+            # the graph, which lets inductor lay them out for the CPU's matrix library itself.
             self._decode = torch.compile(self.forward, dynamic=True,
-                                         mode="reduce-overhead" if self.graphs else None)
+                                         mode="reduce-overhead" if self.graphs else None,
+                                         options=None if self.graphs else {"freezing": True})
 
     @property
     def slots(self) -> int:
         return self.cache.slots
+
+    def prepack(self) -> None:
+        """Lay the dense weights out for the CPU's matrix library (``weights.can_prepack``): layers for
+        prompt chunks and batches, the output layer for a few rows at a time."""
+        for layer in self.typed_layers:
+            for linear in (layer.qkv, layer.o, layer.gate_up, layer.down):
+                linear.prepack(PREFILL_ROWS)
+        self.lm_head.prepack(1)
 
     def pack_int4(self, exact: dict[str, Tensor], lossless_only: bool) -> bool:
         """Give the layers 4-bit copies of their weights for decoding, from ``exact`` (the model's

@@ -23,6 +23,7 @@ from workers.loader import LoadedModel
 from workers.sampling import TokenChooser
 from workers.scheduler import Produced, Scheduler
 from workers.sequence import ERROR, LENGTH, STOP, Sequence, Sink
+from workers.weights import can_prepack
 
 __all__ = ["ERROR", "LENGTH", "STOP", "Engine", "Sequence", "Sink"]
 
@@ -39,6 +40,8 @@ def slot_model(loaded: LoadedModel, compile: bool) -> SlotModel:
             packed = decoder.pack_int4(loaded.exact_weights, lossless_only=spec.weights == "auto")
             logger.info("model %s: decoding on %s weights", spec.id, "4-bit" if packed else "dense")
             loaded.exact_weights.clear()
+        if loaded.device.type == "cpu" and can_prepack(loaded.dtype) and not compile:
+            decoder.prepack()  # compiling lays the weights out itself (freezing)
         return decoder
     logger.warning("model %s: the slot decoder does not support %s; running transformers' forward pass "
                    "one sequence at a time (slower)", spec.id, reason)

@@ -94,10 +94,17 @@ def load(spec: ModelSpec, cache_dir: Path) -> LoadedModel:
     exact_weights = {}
     if exact:  # the float32 weights stay at hand for packing (workers.decoder), the model runs in dtype
         exact_weights = {name: p.data for name, p in model.named_parameters() if p.dim() == 2}
-        model = model.to(dtype)
+        cast_weights(model, dtype)
     tokenizer = AutoTokenizer.from_pretrained(path)
     card = make_card(spec, tokenizer, model.generation_config.eos_token_id)
     return LoadedModel(spec, model, card, device, exact_weights)
+
+
+def cast_weights(model: Any, dtype: torch.dtype) -> None:
+    """The model's weights in ``dtype``; unlike ``model.to(dtype)``, float32 buffers stay as they are
+    (RoPE frequencies rounded to bfloat16 put every position's rotation off: a different, worse text)."""
+    for param in model.parameters():
+        param.data = param.data.to(dtype)
 
 
 def packable(spec: ModelSpec, device: torch.device, dtype: torch.dtype) -> bool:
@@ -187,7 +194,8 @@ def _tiny_random(spec: ModelSpec, cache_dir: Path, device: torch.device, dtype: 
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(spec.seed)
         model = LlamaForCausalLM(config)
-    model = model.to(device=device, dtype=dtype).eval()
+    model = model.to(device=device).eval()
+    cast_weights(model, dtype)
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     return LoadedModel(spec, model, make_card(spec, tokenizer, tokenizer.eos_token_id), device)
 

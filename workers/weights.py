@@ -1,0 +1,104 @@
+"""A linear layer's weights, held in the form this host multiplies fastest.
+
+- Dense: ``functional.linear``.
+- Prepacked for the CPU's matrix library (``prepack``): oneDNN's blocked layout for bfloat16, MKL's
+  for float32, laid out once rather than at every product (a bfloat16 product of one row through
+  SmolLM2's output layer took half the time).
+- 4-bit groups (``pack_int4``, CPU, bfloat16): products of at most ``PACKED_ROWS`` rows, decoding
+  steps, use torch's 4-bit kernel, which reads a quarter of the bytes. It takes scales and zero
+  points in bfloat16; each product runs twice on the same codes, once with the rounded scales and
+  once with what rounding left over, so the scales count with 16 bits (a GGUF's float16 ones come
+  back exactly).
+"""
+
+import torch
+from torch import Tensor, nn
+from torch.nn import functional
+
+GROUP = 32  # inputs per scale of 4-bit weights (as in GGUF's Q4 formats)
+PACKED_ROWS = 8  # products of at most this many rows use 4-bit weights
+
+
+def frozen(tensor: Tensor) -> nn.Parameter:
+    return nn.Parameter(tensor.detach(), requires_grad=False)
+
+
+def can_prepack(dtype: torch.dtype) -> bool:
+    if dtype == torch.bfloat16:
+        return bool(torch._C._has_mkldnn and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    return dtype == torch.float32 and bool(torch._C.has_mkl)
+
+
+class Linear(nn.Module):
+    """``x @ weight.T + bias`` for 2-D ``x``."""
+
+    def __init__(self, weight: Tensor, bias: Tensor | None = None) -> None:
+        super().__init__()
+        self.weight = frozen(weight)
+        self.bias = None if bias is None else frozen(bias)
+        self.prepacked: Tensor | None = None
+        self.rows_hint = 0
+        self.int4: Tensor | None = None
+        self.scales_zeros: Tensor | None = None
+        self.residual_scales: Tensor | None = None
+
+    def prepack(self, rows_hint: int) -> None:
+        """Lay the weights out for the CPU's matrix library, for products of about ``rows_hint`` rows
+        (``can_prepack`` says where)."""
+        self.rows_hint = rows_hint
+        if self.weight.dtype == torch.bfloat16:
+            self.prepacked = torch.ops.mkldnn._reorder_linear_weight(self.weight, rows_hint)
+        else:
+            self.prepacked = torch.ops.mkl._mkl_reorder_linear_weight(self.weight, rows_hint)
+
+    def pack_int4(self, source: Tensor) -> None:
+        """4-bit groups of ``source`` (this layer's weights in float32) for decoding steps."""
+        self.int4, scales_zeros = int4_groups(source)
+        self.scales_zeros = scales_zeros.to(self.weight.dtype)
+        self.residual_scales = (scales_zeros - self.scales_zeros.float()).to(self.weight.dtype)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = x.to(self.weight.dtype)
+        if self.int4 is not None and x.shape[0] <= PACKED_ROWS:
+            return self._int4(x)
+        if self.prepacked is None:
+            return functional.linear(x, self.weight, self.bias)
+        if self.weight.dtype == torch.bfloat16:
+            y: Tensor = torch.ops.mkldnn._linear_pointwise(x, self.prepacked, self.bias, "none", [], "")
+        else:
+            y = torch.ops.mkl._mkl_linear(x, self.prepacked, self.weight, self.bias, self.rows_hint)
+        return y
+
+    def _int4(self, x: Tensor) -> Tensor:
+        assert self.int4 is not None and self.scales_zeros is not None and self.residual_scales is not None
+        y = torch._weight_int4pack_mm_for_cpu(x, self.int4, GROUP, self.scales_zeros).float()
+        y = (y + torch._weight_int4pack_mm_for_cpu(x, self.int4, GROUP, self.residual_scales).float()).to(x.dtype)
+        return y if self.bias is None else y + self.bias
+
+
+def on_int4_grid(weight: Tensor) -> bool:
+    """Whether 4-bit groups represent ``weight`` (float32) exactly."""
+    codes, scales_zeros = _quantize(weight)
+    scale, zero = scales_zeros[..., 0].transpose(0, 1), scales_zeros[..., 1].transpose(0, 1)
+    rows, cols = weight.shape
+    restored = (codes.view(rows, cols // GROUP, GROUP) - 8) * scale[..., None] + zero[..., None]
+    return bool(torch.equal(restored.view(rows, cols), weight))
+
+
+def int4_groups(weight: Tensor) -> tuple[Tensor, Tensor]:
+    """4-bit codes of each group of ``GROUP`` inputs, packed for torch's CPU kernel, and each group's
+    scale and zero point: ``w = (code - 8) * scale + zero``."""
+    codes, scales_zeros = _quantize(weight)
+    return torch._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32), 1), scales_zeros
+
+
+def _quantize(weight: Tensor) -> tuple[Tensor, Tensor]:
+    """Codes 0..15 ``[rows, cols]`` (float32) and ``[groups, rows, 2]`` scales and zeros (float32):
+    each group's range in 15 steps, as llama.cpp's Q4_1 quantises (so its weights come back exactly)."""
+    rows, cols = weight.shape
+    groups = weight.float().view(rows, cols // GROUP, GROUP)
+    low, high = groups.amin(-1), groups.amax(-1)
+    scale = ((high - low) / 15).clamp(min=torch.finfo(torch.float32).tiny)
+    codes = ((groups - low[..., None]) / scale[..., None]).round().clamp(0, 15)
+    scales_zeros = torch.stack([scale, low + 8 * scale], dim=-1).transpose(0, 1).contiguous()
+    return codes.view(rows, cols), scales_zeros

@@ -137,7 +137,12 @@ class Engine:
             if seq.finish_reason is not None:
                 continue
             seq.generated.append(token)
-            seq.sink.on_token(seq, token)
+            try:
+                seq.sink.on_token(seq, token)
+            except Exception as exc:  # one sequence's failure must not end the loop that serves all
+                logger.exception("a sequence's token handler failed; failing the sequence")
+                self._finish(seq, ERROR, exc)
+                continue
             reason = self._finish_reason(seq, token)
             if reason is not None:
                 self._finish(seq, reason)

@@ -107,26 +107,40 @@ class EventWriter:
     def open(self, run: Writable, last_event_id: int, token_count: int) -> None:
         self._logs[run.task_id] = _Log(owner=run, next_id=last_event_id + 1, token_count=token_count)
 
-    def event(self, run: Writable, name: str, data: bytes) -> int:
-        log = self._logs[run.task_id]
+    def event(self, run: Writable, name: str, data: bytes) -> int | None:
+        """Add an event; returns its number (None: the run's log is closed, the event dropped)."""
+        log = self._log_of(run)
+        if log is None:
+            return None
         log.open_batch().events.append((name, data))
         log.next_id += 1
         self._dirty.set()
         return log.next_id - 1
 
     def tokens(self, run: Writable, tokens: list[int]) -> None:
-        log = self._logs[run.task_id]
+        log = self._log_of(run)
+        if log is None:
+            return
         log.open_batch().tokens.extend(tokens)
         log.token_count += len(tokens)
         self._dirty.set()
 
     def finalize(self, run: Writable, final: Final) -> None:
-        self._logs[run.task_id].open_batch().final = final
+        log = self._log_of(run)
+        if log is None:
+            return
+        log.open_batch().final = final
         self._dirty.set()
 
     def close(self, task_id: str) -> None:
-        """Forget a task; anything still unsent for it is dropped."""
+        """Forget a task; anything still unsent for it is dropped, and so is what its run adds later
+        (a fenced run's engine step that was under way still delivers its tokens)."""
         self._logs.pop(task_id, None)
+
+    def _log_of(self, run: Writable) -> _Log | None:
+        # the task's log only if it is this run's: a later run of the same task here has its own
+        log = self._logs.get(run.task_id)
+        return log if log is not None and log.owner is run else None
 
     def unsent(self, task_id: str) -> bool:
         log = self._logs.get(task_id)

@@ -1,8 +1,8 @@
 """``lmsp up``: the whole service in the foreground, for local use.
 
 Starts a local ``redis-server`` (append-only file in the data directory, on a free port) unless a
-Redis URL is given, one worker process for the requested models, and the API in this process.
-Stopping the API (Ctrl-C) stops the rest.
+Redis URL or sentinels are given, one worker process for the requested models, and the API in this
+process. Stopping the API (Ctrl-C) stops the rest.
 
 Authentication: on a loopback address (the default, 127.0.0.1) ``lmsp up`` runs with
 ``LMSP_AUTH=none``; on any other address it keeps bearer tokens. An explicit ``LMSP_AUTH`` wins
@@ -74,12 +74,13 @@ def up(settings: Settings, models: list[str]) -> int:
                     "--principal NAME --scopes ...`", settings.host)
     children: list[subprocess.Popen[bytes]] = []
     try:
-        if "LMSP_REDIS_URL" not in os.environ and settings.redis_url == Settings().redis_url:
+        if ("LMSP_REDIS_URL" not in os.environ and settings.redis_url == Settings().redis_url
+                and not settings.sentinel_addresses):
             redis, url = start_redis(data_dir() / "redis")
             children.append(redis)
             settings = settings.replace(redis_url=url)
             logger.info("local redis-server at %s (data in %s)", url, data_dir() / "redis")
-        env = {**os.environ, "LMSP_REDIS_URL": settings.redis_url}
+        env = {**os.environ, **settings.redis_env()}
         worker_cmd = [sys.executable, "-m", "lmsp.cli", "worker"] + [arg for m in models for arg in ("--model", m)]
         children.append(subprocess.Popen(worker_cmd, env=env))
         logger.info("API on http://%s:%d, models: %s", settings.host, settings.port, ", ".join(models))

@@ -1,0 +1,99 @@
+"""Connections to Redis: the one factory that the API, the workers (arq's polling included), the
+reaper and ``lmsp token`` use; and the acknowledgement of writes by replicas.
+
+Without sentinels ``LMSP_REDIS_URL`` names the Redis, as it always did. With
+``LMSP_REDIS_SENTINELS`` a client finds the primary by asking the sentinels whenever one of its
+connections (re)connects, so a process follows a promotion without a restart: a connection to a
+dead primary fails and is dropped, and the next command asks the sentinels again; a connection
+still open to a demoted primary gets READONLY, which redis-py's Sentinel connection turns into a
+ConnectionError after dropping it. While the sentinels have not promoted a replica yet they name
+no primary (``MasterNotFoundError``, a ConnectionError too). Every caller already treats these
+RedisErrors as an outage and retries on its own pace (docs/reliability.md), so a failover looks
+like a short Redis outage.
+
+An acknowledged write (a worker's events, a created or cancelled task) is followed by ``WAIT``: the
+caller goes on once ``redis_wait_replicas`` replicas hold it, or after ``redis_wait_timeout`` with
+the primary alone (docs/reliability.md, "Replication and failover").
+"""
+
+import socket
+from typing import Any, cast
+
+from arq.connections import ArqRedis
+from redis.asyncio import ConnectionPool, Redis
+from redis.asyncio.connection import SSLConnection, parse_url
+from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
+
+from lmsp_core import keys
+from lmsp_core.settings import Settings
+
+# a sentinel that does not answer within this is skipped (the next one is asked)
+SENTINEL_TIMEOUT = 1.0
+# connecting to the primary the sentinels named; a host that is gone fails here instead of hanging
+CONNECT_TIMEOUT = 2.0
+# an open connection to a host that vanished without closing it (no RST: power loss, a partition)
+# is dropped after about 5 + 3 x 2 s without an answer to TCP keep-alive probes
+KEEPALIVE_OPTIONS = {getattr(socket, name): value for name, value in
+                     (("TCP_KEEPIDLE", 5), ("TCP_KEEPINTVL", 2), ("TCP_KEEPCNT", 3)) if hasattr(socket, name)}
+
+
+class PrimaryPool(SentinelConnectionPool):
+    """The connections to the primary of a Sentinel-watched Redis; closing the pool also closes the
+    connections to the sentinels, which redis-py leaves open."""
+
+    async def disconnect(self, inuse_connections: bool = True) -> None:
+        await super().disconnect(inuse_connections)
+        if inuse_connections:  # closing; a new primary only drops the idle connections
+            for sentinel in self.sentinel_manager.sentinels:
+                await sentinel.aclose()
+
+
+def connect(settings: Settings, **options: Any) -> ArqRedis:
+    """A client of the current primary; it connects at its first command, so a process starts (and
+    answers 503) while Redis is away. ``options`` go to every connection (``health_check_interval``)."""
+    sentinels = settings.sentinel_addresses
+    if not sentinels:
+        return cast(ArqRedis, ArqRedis.from_pool(ConnectionPool.from_url(settings.redis_url, **options)))
+    manager = Sentinel(  # type: ignore[no-untyped-call]
+        sentinels, sentinel_kwargs={"socket_timeout": SENTINEL_TIMEOUT, "socket_connect_timeout": SENTINEL_TIMEOUT},
+        **_primary_options(settings.redis_url), **options)
+    client = manager.master_for(settings.redis_master, redis_class=ArqRedis,
+                                connection_pool_class=PrimaryPool)
+    return cast(ArqRedis, client)
+
+
+def _primary_options(url: str) -> dict[str, Any]:
+    """What ``LMSP_REDIS_URL`` still says when the sentinels name the host: database, credentials, TLS."""
+    options: dict[str, Any] = dict(parse_url(url))
+    if "path" in options:
+        raise ValueError("LMSP_REDIS_SENTINELS needs a redis:// or rediss:// LMSP_REDIS_URL, not a unix socket")
+    for name in ("host", "port"):
+        options.pop(name, None)
+    if options.pop("connection_class", None) is SSLConnection:
+        options["ssl"] = True
+    options.update(socket_connect_timeout=CONNECT_TIMEOUT, socket_keepalive=True,
+                   socket_keepalive_options=KEEPALIVE_OPTIONS)
+    return options
+
+
+def wait_command(settings: Settings) -> tuple[str, int, int] | None:
+    """``WAIT numreplicas timeout`` for the settings (None: acknowledge without replicas)."""
+    if not settings.wait_replicas:
+        return None
+    # WAIT with a timeout of 0 would block for ever
+    return "WAIT", settings.wait_replicas, max(1, round(settings.redis_wait_timeout * 1000))
+
+
+async def replicated(redis: Redis, settings: Settings) -> bool:
+    """Wait until the replicas hold every write made before this call, by any connection (at most
+    ``redis_wait_timeout``). False: they did not confirm in time (the primary alone holds them)."""
+    wait = wait_command(settings)
+    if wait is None:
+        return True
+    async with redis.pipeline(transaction=False) as pipe:
+        # WAIT waits for the replication offset of its own connection's last write: a write on this
+        # connection (a PUBLISH, which replicas receive) moves it past every write made before it
+        pipe.publish(keys.replication_mark(), b"")
+        pipe.execute_command(*wait)
+        _, acknowledged = await pipe.execute()
+    return int(acknowledged) >= wait[1]

@@ -6,6 +6,11 @@ so round trips do not grow with tokens x streams. A batch that failed to send st
 sent again; a batch that Redis applied although its answer was lost (the connection dropped) is
 recognised by its event number and token offset and counted as done. The script's answer also
 carries the task's cancel flag, so a worker learns of a cancellation without polling.
+
+With replicas to wait for (``redis_wait_replicas``), the pipeline ends with ``WAIT``: a batch counts
+as stored once a replica holds it too (or the wait timed out). Until then it stays here, so a batch
+that a failover loses, although a follower may have seen it on the old primary, is written again,
+the same bytes under the same numbers, to the new primary (docs/reliability.md).
 """
 
 import asyncio
@@ -18,7 +23,7 @@ from typing import Protocol
 from redis.asyncio import Redis
 from redis.exceptions import NoScriptError, RedisError
 
-from lmsp_core import eventlog, keys, scripts
+from lmsp_core import connections, eventlog, keys, scripts
 from lmsp_core.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -101,6 +106,8 @@ class EventWriter:
         self._logs: dict[str, _Log] = {}
         self._dirty = asyncio.Event()
         self._flushed = asyncio.Condition()
+        self._wait = connections.wait_command(settings)
+        self._replicas_short = False  # the last WAIT timed out: events are on the primary alone
 
     # --- called by runs (on the event loop, never awaiting) -------------------------------------
 
@@ -159,6 +166,11 @@ class EventWriter:
             await self._dirty.wait()
             self._dirty.clear()
             try:
+                if failures:
+                    # Redis came back, maybe as another server (a promoted replica) or without its
+                    # scripts: load ours first rather than learn it from NOSCRIPT answers, which
+                    # would cost a whole flush (and its WAIT) for nothing
+                    await self.redis.script_load(scripts.APPEND)
                 await self.flush()
                 failures = 0
             except (RedisError, OSError) as exc:
@@ -179,18 +191,35 @@ class EventWriter:
                 # EVALSHA straight into the pipeline: redis-py's Script would ask SCRIPT EXISTS first,
                 # a second round trip per flush; a Redis that lost its scripts answers NOSCRIPT
                 pipe.execute_command("EVALSHA", self._append.sha, len(task_keys), *task_keys, *self._args(log, batch))
+            if self._wait is not None:
+                pipe.execute_command(*self._wait)
             try:
                 results = await pipe.execute(raise_on_error=False)
             except BaseException:
                 for _, batch in sending:
                     batch.sent = False
                 raise
+        if self._wait is not None:
+            self._note_replicas(results.pop())
         if any(isinstance(result, NoScriptError) for result in results):
             await self.redis.script_load(scripts.APPEND)  # a restarted Redis: those batches go again
         for (log, batch), result in zip(sending, results, strict=True):
             self._settle(log, batch, result)
         async with self._flushed:
             self._flushed.notify_all()
+        failed = next((r for r in results if isinstance(r, Exception) and not isinstance(r, NoScriptError)), None)
+        if failed is not None:
+            raise failed  # READONLY (a demoted primary behind a plain URL), OOM, ...: back off, then retry
+
+    def _note_replicas(self, answer: object) -> None:
+        assert self._wait is not None
+        short = not isinstance(answer, int) or answer < self._wait[1]
+        if short and not self._replicas_short:
+            logger.warning("events are not reaching %d replica(s) within %d ms; storing them on the primary alone",
+                           self._wait[1], self._wait[2])
+        elif self._replicas_short and not short:
+            logger.info("events reach the replicas again")
+        self._replicas_short = short
 
     def _args(self, log: _Log, batch: _Batch) -> list[str | bytes | int]:
         final = batch.final or Final("", b"")

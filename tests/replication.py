@@ -172,7 +172,10 @@ class ReplicatedRedis:
                 info = await client.info("replication")
             return bool(info["role"] == "slave" and info["master_link_status"] == "up")
 
-        await wait_for(synced, timeout=30, what=f"replica {replica.port} to sync")
+        try:
+            await wait_for(synced, timeout=30, what=f"replica {replica.port} to sync")
+        except TimeoutError as exc:
+            raise TimeoutError(f"{exc}; its log:\n{replica.output()[-3000:]}") from None
 
     async def wait_settled(self, primary: RedisServer, replica: RedisServer) -> None:
         """Every sentinel names ``primary``, knows the two other sentinels, and sees ``replica`` up

@@ -67,9 +67,17 @@ class RedisServer:
         """The LMSP settings (``redis_*``) of a service that uses this Redis."""
         return {"redis_url": self.url}
 
+    @property
+    def log(self) -> Path:
+        return self.dir / "redis.log"
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
     def start(self, replica_of: int | None = None) -> None:
         args = [redis_binary(), "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.dir), "--save", "",
-                "--appendonly", "yes" if self.appendonly else "no", "--appendfsync", "always"]
+                "--appendonly", "yes" if self.appendonly else "no", "--appendfsync", "always",
+                "--logfile", str(self.log)]
         if replica_of is not None:
             args += ["--replicaof", "127.0.0.1", str(replica_of)]
         self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL)
@@ -110,7 +118,8 @@ class SentinelServer:
         return f"127.0.0.1:{self.port}"
 
     def start(self) -> None:
-        self.process = subprocess.Popen([redis_binary(), str(self.config), "--sentinel"], stdout=subprocess.DEVNULL)
+        self.process = subprocess.Popen([redis_binary(), str(self.config), "--sentinel", "--logfile",
+                                         str(self.dir / "sentinel.log")], stdout=subprocess.DEVNULL)
         wait_port(self.port)
 
     def cleanup(self) -> None:

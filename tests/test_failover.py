@@ -16,6 +16,8 @@ import asyncio
 import contextlib
 import itertools
 import signal
+import subprocess
+import sys
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -26,10 +28,11 @@ import httpx
 import pytest
 import pytest_asyncio
 
-from lmsp_core import keys, wire
+from lmsp_core import connections, keys, wire
+from lmsp_core.settings import load_settings
 from tests.faults import Group, assert_exactly_once, text_of, wait_for
-from tests.replication import ReplicatedRedis
-from tests.support import Api, RedisServer, SseEvent, Worker, body, sse_events
+from tests.replication import UNUSED_URL, ReplicatedRedis
+from tests.support import Api, RedisServer, SseEvent, Worker, body, service_env, sse_events
 
 MODEL = "tiny-random"
 TASKS = 8
@@ -192,6 +195,35 @@ async def new_requests_succeed(group: Group) -> None:
         async with httpx.AsyncClient(base_url=api.url, timeout=60) as client:
             assert_exactly_once(await group.log(await group.create(body(MODEL, "After", max_output_tokens=5), client),
                                                 client=client))
+
+
+async def test_a_client_asks_the_sentinels_and_closes_its_connections_to_them(group: Group) -> None:
+    redis = group.redis_server
+    assert isinstance(redis, ReplicatedRedis)
+    settings = load_settings({}, **redis.settings)
+    client = connections.connect(settings)
+    assert await client.ping()
+    assert (await client.execute_command("ROLE"))[0] == b"master"
+    assert await connections.replicated(client, settings)  # the replica confirms
+    sentinels = client.connection_pool.sentinel_manager.sentinels
+    await client.aclose()
+    for sentinel in sentinels:
+        assert not any(c.is_connected for c in sentinel.connection_pool._available_connections)
+
+
+def test_lmsp_token_finds_the_primary_through_the_sentinels(group: Group) -> None:
+    redis = group.redis_server
+    assert isinstance(redis, ReplicatedRedis)
+    flags = ["--redis-url", redis.settings["redis_url"], "--redis-sentinels", redis.settings["redis_sentinels"],
+             "--redis-master", redis.settings["redis_master"]]
+    env = service_env(UNUSED_URL)
+    created = subprocess.run([sys.executable, "-m", "lmsp.cli", "token", "create", "--principal", "failover",
+                              "--scopes", "tasks:read", *flags], capture_output=True, text=True, env=env, timeout=60)
+    assert created.returncode == 0, created.stderr
+    assert created.stdout.strip() and "warning" not in created.stderr  # a replica confirmed it
+    listed = subprocess.run([sys.executable, "-m", "lmsp.cli", "token", "list", *flags], capture_output=True, text=True,
+                            env=env, timeout=60)
+    assert listed.returncode == 0 and "\tfailover\ttasks:read\t" in listed.stdout, listed.stderr
 
 
 @pytest.mark.timeout(600)

@@ -66,6 +66,12 @@ def auth_for_up(settings: Settings, environ: Mapping[str, str]) -> Settings:
     return settings.replace(auth="none" if is_loopback(settings.host) else "tokens")
 
 
+def needs_local_redis(settings: Settings, environ: Mapping[str, str]) -> bool:
+    """Neither a Redis URL nor sentinels were given."""
+    return ("LMSP_REDIS_URL" not in environ and settings.redis_url == Settings().redis_url
+            and not settings.sentinel_addresses)
+
+
 def up(settings: Settings, models: list[str]) -> int:
     logs.configure(settings.log_level, settings.log_json)
     settings = auth_for_up(settings, os.environ)
@@ -74,8 +80,7 @@ def up(settings: Settings, models: list[str]) -> int:
                     "--principal NAME --scopes ...`", settings.host)
     children: list[subprocess.Popen[bytes]] = []
     try:
-        if ("LMSP_REDIS_URL" not in os.environ and settings.redis_url == Settings().redis_url
-                and not settings.sentinel_addresses):
+        if needs_local_redis(settings, os.environ):
             redis, url = start_redis(data_dir() / "redis")
             children.append(redis)
             settings = settings.replace(redis_url=url)

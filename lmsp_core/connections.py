@@ -29,7 +29,7 @@ from lmsp_core.settings import Settings
 
 # a sentinel that does not answer within this is skipped (the next one is asked)
 SENTINEL_TIMEOUT = 1.0
-# connecting to the primary the sentinels named; a host that is gone fails here instead of hanging
+# connecting to Redis (the primary the sentinels named): a host that is gone fails instead of hanging
 CONNECT_TIMEOUT = 2.0
 # an open connection to a host that vanished without closing it (no RST: power loss, a partition)
 # is dropped after about 5 + 3 x 2 s without an answer to TCP keep-alive probes
@@ -53,7 +53,9 @@ def connect(settings: Settings, **options: Any) -> ArqRedis:
     answers 503) while Redis is away. ``options`` go to every connection (``health_check_interval``)."""
     sentinels = settings.sentinel_addresses
     if not sentinels:
-        return cast(ArqRedis, ArqRedis.from_pool(ConnectionPool.from_url(settings.redis_url, **options)))
+        # (what the URL's query says wins over these options)
+        pool = ConnectionPool.from_url(settings.redis_url, **{"socket_connect_timeout": CONNECT_TIMEOUT, **options})
+        return cast(ArqRedis, ArqRedis.from_pool(pool))
     manager = Sentinel(  # type: ignore[no-untyped-call]
         sentinels, sentinel_kwargs={"socket_timeout": SENTINEL_TIMEOUT, "socket_connect_timeout": SENTINEL_TIMEOUT},
         **_primary_options(settings.redis_url), **options)

@@ -84,7 +84,10 @@ class Group:
     async def close(self) -> None:
         await self.http.aclose()
         await self.redis.aclose()
-        for process in [*self.apis, *self.workers]:
+        processes = [*self.apis, *self.workers]
+        for process in processes:  # all stop at once, then each is waited for
+            process.terminate()
+        for process in processes:
             process.stop()
         self.redis_server.cleanup()
 

@@ -156,6 +156,11 @@ class Service:
         assert self.process is not None
         return self.process.wait(timeout=timeout)
 
+    def terminate(self) -> None:
+        """Ask the process to stop (SIGTERM) without waiting for it."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:
             self.process.terminate()

@@ -39,6 +39,7 @@ class Services:
     hub: EventHub
     limits: Limits
     conversations: ConversationStore
+    replicas: connections.ReplicaWatch
     metrics: ApiMetrics = field(default_factory=ApiMetrics)
     _renderers: dict[str, _CachedRenderer] = field(default_factory=dict)
 
@@ -47,7 +48,8 @@ class Services:
         redis = connections.connect(settings, health_check_interval=30)
         return cls(settings=settings, catalog=Catalog.from_settings(settings), redis=redis,
                    store=TaskStore(redis, settings), hub=EventHub(redis, settings.sse_heartbeat),
-                   limits=Limits(redis, settings), conversations=ConversationStore(redis, settings))
+                   limits=Limits(redis, settings), conversations=ConversationStore(redis, settings),
+                   replicas=connections.ReplicaWatch(settings))
 
     async def renderer(self, model_id: str) -> PromptRenderer | None:
         """The prompt renderer of a model, from the card its workers publish (None before any

@@ -63,7 +63,7 @@ async def submit(services: Services, request: wire.ResponseRequest, *, kind: Kin
         await queue.enqueue(services.redis, record.id, spec.id,
                             queued_at=queue.score(record.created_at, priority, services.settings.priority_step))
         # acknowledged once a replica holds it too (or the wait timed out): a failover then keeps it
-        await connections.replicated(services.redis, services.settings)
+        await connections.replicated(services.redis, services.replicas)
     except RedisError:
         await _forget(services, record)
         if idempotency_key:

@@ -71,6 +71,6 @@ async def _run(args: argparse.Namespace, settings: Settings) -> int:
 
 async def _replicated(redis: Redis, settings: Settings) -> None:
     # a revocation that a failover loses would let the token in again: say so when unconfirmed
-    if not await connections.replicated(redis, settings):
+    if not await connections.replicated(redis, connections.ReplicaWatch(settings)):
         print(f"lmsp token: warning: no replica confirmed the change within {settings.redis_wait_timeout} s; "
               "a failover before it reaches one would undo it", file=sys.stderr)

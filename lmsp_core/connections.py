@@ -12,17 +12,21 @@ RedisErrors as an outage and retries on its own pace (docs/reliability.md), so a
 like a short Redis outage.
 
 An acknowledged write (a worker's events, a created or cancelled task) is followed by ``WAIT``: the
-caller goes on once ``redis_wait_replicas`` replicas hold it, or after ``redis_wait_timeout`` with
-the primary alone (docs/reliability.md, "Replication and failover").
+caller goes on once ``redis_wait_replicas`` replicas hold it, or after ``redis_wait_timeout`` (or at
+once, while the primary has no replica online) with the primary alone (docs/reliability.md,
+"Replication and failover").
 """
 
+import contextlib
 import socket
+import time
 from typing import Any, cast
 
 from arq.connections import ArqRedis
 from redis.asyncio import ConnectionPool, Redis
 from redis.asyncio.connection import SSLConnection, parse_url
 from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
+from redis.exceptions import RedisError
 
 from lmsp_core import keys
 from lmsp_core.settings import Settings
@@ -78,24 +82,53 @@ def _primary_options(url: str) -> dict[str, Any]:
     return options
 
 
-def wait_command(settings: Settings) -> tuple[str, int, int] | None:
-    """``WAIT numreplicas timeout`` for the settings (None: acknowledge without replicas)."""
-    if not settings.wait_replicas:
-        return None
-    # WAIT with a timeout of 0 would block for ever
-    return "WAIT", settings.wait_replicas, max(1, round(settings.redis_wait_timeout * 1000))
+class ReplicaWatch:
+    """What ``WAIT`` to send after an acknowledged write: for ``redis_wait_replicas`` replicas, but no
+    more than the primary has online (looked up at most once per ``REFRESH`` seconds). While none
+    is online (the replica is down or resynchronising, a promoted replica has none yet) there is
+    nothing to wait for, and writes are acknowledged on the primary alone without waiting out the
+    timeout each time; the timeout covers an online replica that does not answer."""
+
+    REFRESH = 1.0
+
+    def __init__(self, settings: Settings) -> None:
+        self.wanted = settings.wait_replicas
+        self.timeout_ms = max(1, round(settings.redis_wait_timeout * 1000))  # WAIT n 0 would block for ever
+        self.online: int | None = None  # None: not looked up yet
+        self._checked = -self.REFRESH
+
+    async def command(self, redis: Redis) -> tuple[str, int, int] | None:
+        """``WAIT n timeout``, or None when there is no replica to wait for."""
+        if not self.wanted:
+            return None
+        if time.monotonic() - self._checked >= self.REFRESH:
+            self._checked = time.monotonic()
+            with contextlib.suppress(RedisError, OSError):  # keep what we knew: the write fails as well
+                self.online = _online_replicas(await redis.info("replication"))
+        replicas = self.wanted if self.online is None else min(self.wanted, self.online)
+        return ("WAIT", replicas, self.timeout_ms) if replicas else None
+
+    def confirmed(self, answer: object) -> bool:
+        """Whether a WAIT answer (or None: no WAIT sent) means the wanted replicas hold the writes."""
+        return isinstance(answer, int) and answer >= self.wanted
 
 
-async def replicated(redis: Redis, settings: Settings) -> bool:
+def _online_replicas(info: dict[str, Any]) -> int:
+    # INFO replication lists each replica as slaveN: {ip, port, state, offset, lag}
+    return sum(1 for name, value in info.items()
+               if name.startswith("slave") and isinstance(value, dict) and value.get("state") == "online")
+
+
+async def replicated(redis: Redis, watch: ReplicaWatch) -> bool:
     """Wait until the replicas hold every write made before this call, by any connection (at most
-    ``redis_wait_timeout``). False: they did not confirm in time (the primary alone holds them)."""
-    wait = wait_command(settings)
+    the WAIT timeout). False: they did not confirm (the primary alone holds them)."""
+    wait = await watch.command(redis)
     if wait is None:
-        return True
+        return not watch.wanted
     async with redis.pipeline(transaction=False) as pipe:
         # WAIT waits for the replication offset of its own connection's last write: a write on this
         # connection (a PUBLISH, which replicas receive) moves it past every write made before it
         pipe.publish(keys.replication_mark(), b"")
         pipe.execute_command(*wait)
         _, acknowledged = await pipe.execute()
-    return int(acknowledged) >= wait[1]
+    return watch.confirmed(acknowledged)

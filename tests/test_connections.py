@@ -1,6 +1,8 @@
 """The Redis settings and the one connection factory (``lmsp_core.connections``); the factory's
 Sentinel side against real sentinels is in test_failover.py."""
 
+import time
+
 import msgspec
 import pytest
 from redis.asyncio.sentinel import MasterNotFoundError
@@ -26,20 +28,31 @@ def test_sentinel_settings() -> None:
             load_settings({"LMSP_REDIS_SENTINELS": bad})
 
 
-def test_wait_command() -> None:
-    assert connections.wait_command(Settings()) is None
-    assert connections.wait_command(Settings(redis_wait_replicas=1, redis_wait_timeout=0.25)) == ("WAIT", 1, 250)
-    # WAIT 1 0 would block for ever
-    assert connections.wait_command(Settings(redis_wait_replicas=1, redis_wait_timeout=0.0001)) == ("WAIT", 1, 1)
-
-
 async def test_a_plain_url_names_the_redis_and_closing_closes_its_connections(redis_server: RedisServer) -> None:
     client = connections.connect(Settings(redis_url=redis_server.url))
     assert await client.ping()
-    assert await connections.replicated(client, Settings(redis_url=redis_server.url))  # nothing to wait for
     pool = client.connection_pool
     await client.aclose()
     assert not any(c.is_connected for c in pool._available_connections)
+
+
+async def test_writes_wait_only_for_replicas_that_are_online(redis_server: RedisServer) -> None:
+    """This Redis has no replica: nothing to wait for, so no WAIT that would wait out its timeout."""
+    client = connections.connect(Settings(redis_url=redis_server.url))
+    try:
+        none_wanted = connections.ReplicaWatch(Settings())
+        assert await none_wanted.command(client) is None
+        assert await connections.replicated(client, none_wanted)
+        watch = connections.ReplicaWatch(Settings(redis_wait_replicas=1, redis_wait_timeout=30))
+        start = time.monotonic()
+        assert await watch.command(client) is None and watch.online == 0
+        assert not await connections.replicated(client, watch)  # not confirmed: the primary alone holds it
+        assert time.monotonic() - start < 5
+    finally:
+        await client.aclose()
+    assert watch.confirmed(1) and not watch.confirmed(0) and not watch.confirmed(None)
+    # WAIT 1 0 would block for ever
+    assert connections.ReplicaWatch(Settings(redis_wait_replicas=1, redis_wait_timeout=0.0001)).timeout_ms == 1
 
 
 def test_with_sentinels_the_url_gives_database_credentials_and_tls() -> None:

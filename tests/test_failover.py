@@ -204,7 +204,9 @@ async def test_a_client_asks_the_sentinels_and_closes_its_connections_to_them(gr
     client = connections.connect(settings)
     assert await client.ping()
     assert (await client.execute_command("ROLE"))[0] == b"master"
-    assert await connections.replicated(client, settings)  # the replica confirms
+    watch = connections.ReplicaWatch(settings)
+    assert await watch.command(client) == ("WAIT", 1, 100) and watch.online == 1
+    assert await connections.replicated(client, watch)  # the replica confirms
     sentinels = client.connection_pool.sentinel_manager.sentinels
     await client.aclose()
     for sentinel in sentinels:

@@ -8,7 +8,8 @@ recognised by its event number and token offset and counted as done. The script'
 carries the task's cancel flag, so a worker learns of a cancellation without polling.
 
 With replicas to wait for (``redis_wait_replicas``), the pipeline ends with ``WAIT``: a batch counts
-as stored once a replica holds it too (or the wait timed out). Until then it stays here, so a batch
+as stored once a replica holds it too (or the wait timed out, or no replica is online: see
+``lmsp_core.connections.ReplicaWatch``). Until then it stays here, so a batch
 that a failover loses, although a follower may have seen it on the old primary, is written again,
 the same bytes under the same numbers, to the new primary (docs/reliability.md).
 """
@@ -106,8 +107,8 @@ class EventWriter:
         self._logs: dict[str, _Log] = {}
         self._dirty = asyncio.Event()
         self._flushed = asyncio.Condition()
-        self._wait = connections.wait_command(settings)
-        self._replicas_short = False  # the last WAIT timed out: events are on the primary alone
+        self._replicas = connections.ReplicaWatch(settings)
+        self._replicas_short = False  # the last flush was not confirmed by replicas: on the primary alone
 
     # --- called by runs (on the event loop, never awaiting) -------------------------------------
 
@@ -184,6 +185,7 @@ class EventWriter:
         sending = [(log, batch) for log in self._logs.values() for batch in log.batches]
         if not sending:
             return
+        wait = await self._replicas.command(self.redis)
         async with self.redis.pipeline(transaction=False) as pipe:
             for log, batch in sending:
                 batch.sent = True
@@ -191,16 +193,15 @@ class EventWriter:
                 # EVALSHA straight into the pipeline: redis-py's Script would ask SCRIPT EXISTS first,
                 # a second round trip per flush; a Redis that lost its scripts answers NOSCRIPT
                 pipe.execute_command("EVALSHA", self._append.sha, len(task_keys), *task_keys, *self._args(log, batch))
-            if self._wait is not None:
-                pipe.execute_command(*self._wait)
+            if wait is not None:
+                pipe.execute_command(*wait)
             try:
                 results = await pipe.execute(raise_on_error=False)
             except BaseException:
                 for _, batch in sending:
                     batch.sent = False
                 raise
-        if self._wait is not None:
-            self._note_replicas(results.pop())
+        self._note_replicas(results.pop() if wait is not None else None)
         if any(isinstance(result, NoScriptError) for result in results):
             await self.redis.script_load(scripts.APPEND)  # a restarted Redis: those batches go again
         for (log, batch), result in zip(sending, results, strict=True):
@@ -212,11 +213,13 @@ class EventWriter:
             raise failed  # READONLY (a demoted primary behind a plain URL), OOM, ...: back off, then retry
 
     def _note_replicas(self, answer: object) -> None:
-        assert self._wait is not None
-        short = not isinstance(answer, int) or answer < self._wait[1]
+        if not self._replicas.wanted:
+            return
+        short = not self._replicas.confirmed(answer)
         if short and not self._replicas_short:
-            logger.warning("events are not reaching %d replica(s) within %d ms; storing them on the primary alone",
-                           self._wait[1], self._wait[2])
+            logger.warning("events are not reaching %d replica(s) (%s); storing them on the primary alone",
+                           self._replicas.wanted, "none online" if answer is None else
+                           f"no answer within {self._replicas.timeout_ms} ms")
         elif self._replicas_short and not short:
             logger.info("events reach the replicas again")
         self._replicas_short = short

@@ -118,7 +118,7 @@ class TasksController(Controller):
     async def cancel_task(self, task_id: str, services: Services, owner: str) -> wire.Task:
         record = await load_task(services, task_id, owner)
         status = await services.store.cancel(record)
-        await connections.replicated(services.redis, services.settings)
+        await connections.replicated(services.redis, services.replicas)
         if status == "in_progress":
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(_until_final(services, record), CANCEL_WAIT)

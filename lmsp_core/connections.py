@@ -102,9 +102,11 @@ class ReplicaWatch:
         if not self.wanted:
             return None
         if time.monotonic() - self._checked >= self.REFRESH:
-            self._checked = time.monotonic()
-            with contextlib.suppress(RedisError, OSError):  # keep what we knew: the write fails as well
+            # on failure keep what we knew and ask again next time: the write fails as well, and the
+            # next Redis that answers may be another one (a promoted replica, with no replica yet)
+            with contextlib.suppress(RedisError, OSError):
                 self.online = _online_replicas(await redis.info("replication"))
+                self._checked = time.monotonic()
         replicas = self.wanted if self.online is None else min(self.wanted, self.online)
         return ("WAIT", replicas, self.timeout_ms) if replicas else None
 

@@ -9,12 +9,11 @@ import time
 from dataclasses import dataclass, field
 
 from arq.connections import ArqRedis
-from redis.asyncio import ConnectionPool
 
 from api.hub import EventHub
 from api.limits import Limits
 from api.metrics import ApiMetrics
-from lmsp_core import registry
+from lmsp_core import connections, registry
 from lmsp_core.catalog import Catalog
 from lmsp_core.chat import PromptRenderer
 from lmsp_core.conversations import ConversationStore
@@ -40,15 +39,17 @@ class Services:
     hub: EventHub
     limits: Limits
     conversations: ConversationStore
+    replicas: connections.ReplicaWatch
     metrics: ApiMetrics = field(default_factory=ApiMetrics)
     _renderers: dict[str, _CachedRenderer] = field(default_factory=dict)
 
     @classmethod
     def create(cls, settings: Settings) -> "Services":
-        redis = ArqRedis(ConnectionPool.from_url(settings.redis_url, health_check_interval=30))
+        redis = connections.connect(settings, health_check_interval=30)
         return cls(settings=settings, catalog=Catalog.from_settings(settings), redis=redis,
                    store=TaskStore(redis, settings), hub=EventHub(redis, settings.sse_heartbeat),
-                   limits=Limits(redis, settings), conversations=ConversationStore(redis, settings))
+                   limits=Limits(redis, settings), conversations=ConversationStore(redis, settings),
+                   replicas=connections.ReplicaWatch(settings))
 
     async def renderer(self, model_id: str) -> PromptRenderer | None:
         """The prompt renderer of a model, from the card its workers publish (None before any

@@ -15,7 +15,7 @@ from redis.exceptions import RedisError
 
 from api import idempotency
 from api.services import Services
-from lmsp_core import conversations, extensions, ids, metrics, queue, registry, wire
+from lmsp_core import connections, conversations, extensions, ids, metrics, queue, registry, wire
 from lmsp_core.catalog import ModelSpec
 from lmsp_core.conversations import StoredResponse
 from lmsp_core.errors import ServiceUnavailable
@@ -64,6 +64,8 @@ async def submit(services: Services, request: wire.ResponseRequest, *, kind: Kin
             await services.conversations.store(record, request, chain)
         await queue.enqueue(services.redis, record.id, spec.id,
                             queued_at=queue.score(record.created_at, priority, services.settings.priority_step))
+        # acknowledged once a replica holds it too (or the wait timed out): a failover then keeps it
+        await connections.replicated(services.redis, services.replicas)
     except RedisError:
         await _forget(services, record)
         if idempotency_key:

@@ -64,25 +64,28 @@ class Stack:
     def redis_url(self) -> str:
         return f"redis://127.0.0.1:{self.redis_port}/0"
 
-    def _env(self) -> dict[str, str]:
+    def _env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("LMSP_")}
         env.update(LMSP_REDIS_URL=self.redis_url, LMSP_MODELS_FILE=str(self.models_file), LMSP_AUTH="none",
                    LMSP_RATE_LIMIT="0", LMSP_MAX_STREAMS="0", LMSP_MAX_QUEUE_DEPTH="0", LMSP_LOG_LEVEL="WARNING",
                    LMSP_TORCH_THREADS=str(self.torch_threads), PYTHONUNBUFFERED="1")
-        env.update(self.extra_env)
-        return env
+        return env | self.extra_env | (extra or {})
 
-    def _spawn(self, args: list[str], log: str) -> subprocess.Popen[bytes]:
+    def _spawn(self, args: list[str], log: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
         with open(self.dir / log, "wb") as out:
-            process = subprocess.Popen(args, env=self._env(), stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
+            process = subprocess.Popen(args, env=self._env(env), stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
         self.processes.append(process)
         return process
 
-    def __enter__(self) -> "Stack":
+    def _redis_server(self, port: int, name: str, *extra: str) -> subprocess.Popen[bytes]:
         binary = shutil.which("redis-server") or "redis-server"
-        self.redis = self._spawn([binary, "--port", str(self.redis_port), "--bind", "127.0.0.1", "--save", "",
-                                  "--appendonly", "no", "--dir", str(self.dir)], "redis.log")
-        wait_port(self.redis_port, self.redis)
+        process = self._spawn([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                               "--dir", str(self.dir), "--dbfilename", f"{name}.rdb", *extra], f"{name}.log")
+        wait_port(port, process)
+        return process
+
+    def __enter__(self) -> "Stack":
+        self.redis = self._redis_server(self.redis_port, "redis")
         self.api = self._spawn([sys.executable, "-m", "lmsp.cli", "api", "--port", str(self.api_port)], "api.log")
         models = [arg for model in self.served for arg in ("--model", model)]
         started = time.perf_counter()
@@ -92,16 +95,17 @@ class Stack:
         self.worker_ready_seconds = time.perf_counter() - started
         return self
 
-    def _wait_worker(self, timeout: float = 1800) -> None:
+    def _wait_worker(self, timeout: float = 1800, count: int = 1) -> None:
         client = redis.Redis.from_url(self.redis_url)
         deadline = time.monotonic() + timeout
         try:
             while time.monotonic() < deadline:
-                if self.worker.poll() is not None:
-                    raise RuntimeError(f"the worker exited:\n{(self.dir / 'worker.log').read_text()[-3000:]}")
+                if any(p.poll() is not None for p in self.processes):
+                    logs = "\n".join(path.read_text()[-2000:] for path in self.dir.glob("*.log"))
+                    raise RuntimeError(f"a process of the stack exited:\n{logs}")
                 states = [json.loads(raw).get("state") for key in client.keys("lmsp:worker:*")  # type: ignore[union-attr,arg-type]
                           if (raw := client.get(key))]
-                if "ready" in states:
+                if states.count("ready") >= count:
                     return
                 time.sleep(0.1)
         finally:
@@ -117,3 +121,34 @@ class Stack:
             except subprocess.TimeoutExpired:
                 process.kill()
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class ReplicatedStack(Stack):
+    """A primary with one replica and, for each variant, an API and a worker with the variant's extra
+    environment, serving the model under the variant's id (the same weights): requests to a variant's
+    id on its API see only its settings. Workers take turns: only one variant is measured at a time."""
+
+    def __init__(self, models: list[dict[str, Any]], variants: dict[str, dict[str, str]], torch_threads: int) -> None:
+        super().__init__(models, list(variants), torch_threads)
+        self.variants = variants
+        self.replica_port = free_port()
+        self.api_ports = {name: free_port() for name in variants}
+
+    def __enter__(self) -> "ReplicatedStack":
+        self.redis = self._redis_server(self.redis_port, "redis")
+        self.replica = self._redis_server(self.replica_port, "replica", "--replicaof", "127.0.0.1",
+                                          str(self.redis_port))
+        apis = {}
+        for name, env in self.variants.items():
+            apis[name] = self._spawn([sys.executable, "-m", "lmsp.cli", "api", "--port", str(self.api_ports[name])],
+                                     f"api-{name}.log", env)
+            self._spawn([sys.executable, "-m", "lmsp.cli", "worker", "--model", name], f"worker-{name}.log", env)
+        for name, api in apis.items():
+            wait_port(self.api_ports[name], api)
+        self._wait_worker(count=len(self.variants))
+        return self
+
+    def kill_replica(self) -> None:
+        self.replica.kill()
+        self.replica.wait()
+        self.processes.remove(self.replica)

@@ -14,6 +14,9 @@ and prints one table of figures and ratios measured in this run:
 
     python -m bench.throughput [--model smollm2:135m-instruct] [--tokens 128] [--streams 1 4 16 64]
                                [--readers 1000] [--quick]
+    python -m bench.throughput --replication [--streams 1 4 16] [--rounds 5]: instead, what acknowledging
+        events on a replica costs (a primary with one replica; WAIT 1 after each flush vs none), and
+        the same with the replica killed
 
 On a GPU it runs as it is; ``--model llama-8b-random`` is the 8B Llama shape with random weights.
 """
@@ -418,12 +421,20 @@ async def main(args: argparse.Namespace) -> None:
     catalog = Catalog.from_settings(settings)
     spec = catalog.get(args.model)
     threads = args.threads or max(1, (os.cpu_count() or 2) - 1)
+    table = Table()
+    if args.replication:
+        from bench.replication import replication
+
+        loader.limit_threads(threads)
+        await replication(args, spec, threads, table)
+        print()
+        print(table.render())
+        return
     served = msgspec.structs.replace(spec, max_batch_size=max(spec.max_batch_size, *args.streams))
     unserved = msgspec.structs.replace(spec, id=UNSERVED, source="tiny-random")
     models = [msgspec.to_builtins(s) for s in (served, unserved)]
     loader.limit_threads(threads)
     local = InProcess(spec, Path(settings.model_cache))
-    table = Table()
     with Stack(models, [spec.id], threads) as stack:
         print(f"model {spec.id} on {local.loaded.device} ({local.loaded.model.dtype}), {threads} torch threads, "
               f"{os.cpu_count()} CPUs; {args.tokens} tokens per stream, median of {args.repeat}", flush=True)
@@ -454,6 +465,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: all cores but one)")
     parser.add_argument("--long-tokens", type=int, default=1500, help="the long generation and the joining prompt")
     parser.add_argument("--startup", action="store_true", help="also time a worker's first start and restart")
+    parser.add_argument("--replication", action="store_true",
+                        help="instead: the cost of acknowledging events on a replica (WAIT 1) vs the primary alone")
     parser.add_argument("--quick", action="store_true", help="a short run (smoke test)")
     args = parser.parse_args(argv)
     if args.quick:

@@ -18,20 +18,20 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
 
     up = commands.add_parser("up", help="API and one worker in the foreground (and a local redis-server "
-                                        "when no --redis-url is given)")
+                                        "when neither --redis-url nor --redis-sentinels is given)")
     up.add_argument("--host")
     up.add_argument("--port", type=int)
-    up.add_argument("--redis-url")
+    tokens.add_redis_arguments(up)
     up.add_argument("--model", action="append", dest="models", metavar="ID")
 
     api = commands.add_parser("api", help="the HTTP API alone")
     api.add_argument("--host")
     api.add_argument("--port", type=int)
-    api.add_argument("--redis-url")
+    tokens.add_redis_arguments(api)
 
     worker = commands.add_parser("worker", help="a generation worker alone")
     worker.add_argument("--model", action="append", dest="models", metavar="ID")
-    worker.add_argument("--redis-url")
+    tokens.add_redis_arguments(worker)
     worker.add_argument("--gpus", metavar="all|ID,ID...",
                         help="one worker process per GPU (all visible ones, or these CUDA device ids), each "
                              "pinned to its GPU, all on the same queues")
@@ -95,7 +95,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command in CLIENT_COMMANDS:
         return _client_main(args)
-    overrides = {name: getattr(args, name, None) for name in ("host", "port", "redis_url")}
+    overrides = {name: getattr(args, name, None)
+                 for name in ("host", "port", "redis_url", "redis_sentinels", "redis_master")}
     settings = load_settings(**overrides)
     if args.command == "api":
         from api.server import run
@@ -106,7 +107,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         logs.configure(settings.log_level, settings.log_json)
         return supervise(args.gpus, args.models or [settings.default_model],
-                         {**os.environ, "LMSP_REDIS_URL": settings.redis_url})
+                         {**os.environ, **settings.redis_env()})
     elif args.command == "worker":
         from workers.main import run as run_worker
 

@@ -11,7 +11,7 @@ import time
 
 from redis.asyncio import Redis
 
-from lmsp_core import tokens
+from lmsp_core import connections, tokens
 from lmsp_core.errors import InvalidRequest
 from lmsp_core.settings import Settings
 
@@ -22,12 +22,19 @@ def add_parser(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") 
     create = actions.add_parser("create", help="create a token and print it once")
     create.add_argument("--principal", required=True, help="the tenant that owns what the token creates")
     create.add_argument("--scopes", required=True, help=f"comma-separated, of: {', '.join(tokens.GRANTABLE)}")
-    create.add_argument("--redis-url")
     listing = actions.add_parser("list", help="list tokens (ids, principals, scopes; never the tokens)")
-    listing.add_argument("--redis-url")
     revoke = actions.add_parser("revoke", help="revoke a token by id")
     revoke.add_argument("token_id", metavar="ID")
-    revoke.add_argument("--redis-url")
+    for action in (create, listing, revoke):
+        add_redis_arguments(action)
+
+
+def add_redis_arguments(parser: argparse.ArgumentParser) -> None:
+    """Where the service's Redis is (flags over ``LMSP_REDIS_*``)."""
+    parser.add_argument("--redis-url")
+    parser.add_argument("--redis-sentinels", metavar="HOST:PORT,...",
+                        help="ask these Redis Sentinels for the primary (the URL then gives database and credentials)")
+    parser.add_argument("--redis-master", metavar="NAME", help="the primary's name at the sentinels")
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
@@ -39,10 +46,11 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def _run(args: argparse.Namespace, settings: Settings) -> int:
-    redis = Redis.from_url(settings.redis_url)
+    redis = connections.connect(settings)
     try:
         if args.action == "create":
             token, record = await tokens.create(redis, args.principal, args.scopes)
+            await _replicated(redis, settings)
             print(token)
             print(f"created {record.id} for principal {record.principal} ({','.join(record.scopes)}); "
                   "the token is shown only now", file=sys.stderr)
@@ -54,7 +62,15 @@ async def _run(args: argparse.Namespace, settings: Settings) -> int:
             print(f"lmsp token: no token {args.token_id}", file=sys.stderr)
             return 1
         else:
+            await _replicated(redis, settings)
             print(f"revoked {args.token_id}", file=sys.stderr)
         return 0
     finally:
         await redis.aclose()
+
+
+async def _replicated(redis: Redis, settings: Settings) -> None:
+    # a revocation that a failover loses would let the token in again: say so when unconfirmed
+    if not await connections.replicated(redis, connections.ReplicaWatch(settings)):
+        print(f"lmsp token: warning: no replica confirmed the change within {settings.redis_wait_timeout} s; "
+              "a failover before it reaches one would undo it", file=sys.stderr)

@@ -1,8 +1,8 @@
 """``lmsp up``: the whole service in the foreground, for local use.
 
 Starts a local ``redis-server`` (append-only file in the data directory, on a free port) unless a
-Redis URL is given, one worker process for the requested models, and the API in this process.
-Stopping the API (Ctrl-C) stops the rest.
+Redis URL or sentinels are given, one worker process for the requested models, and the API in this
+process. Stopping the API (Ctrl-C) stops the rest.
 
 Authentication: on a loopback address (the default, 127.0.0.1) ``lmsp up`` runs with
 ``LMSP_AUTH=none``; on any other address it keeps bearer tokens. An explicit ``LMSP_AUTH`` wins
@@ -66,6 +66,12 @@ def auth_for_up(settings: Settings, environ: Mapping[str, str]) -> Settings:
     return settings.replace(auth="none" if is_loopback(settings.host) else "tokens")
 
 
+def needs_local_redis(settings: Settings, environ: Mapping[str, str]) -> bool:
+    """Neither a Redis URL nor sentinels were given."""
+    return ("LMSP_REDIS_URL" not in environ and settings.redis_url == Settings().redis_url
+            and not settings.sentinel_addresses)
+
+
 def up(settings: Settings, models: list[str]) -> int:
     logs.configure(settings.log_level, settings.log_json)
     settings = auth_for_up(settings, os.environ)
@@ -74,12 +80,12 @@ def up(settings: Settings, models: list[str]) -> int:
                     "--principal NAME --scopes ...`", settings.host)
     children: list[subprocess.Popen[bytes]] = []
     try:
-        if "LMSP_REDIS_URL" not in os.environ and settings.redis_url == Settings().redis_url:
+        if needs_local_redis(settings, os.environ):
             redis, url = start_redis(data_dir() / "redis")
             children.append(redis)
             settings = settings.replace(redis_url=url)
             logger.info("local redis-server at %s (data in %s)", url, data_dir() / "redis")
-        env = {**os.environ, "LMSP_REDIS_URL": settings.redis_url}
+        env = {**os.environ, **settings.redis_env()}
         worker_cmd = [sys.executable, "-m", "lmsp.cli", "worker"] + [arg for m in models for arg in ("--model", m)]
         children.append(subprocess.Popen(worker_cmd, env=env))
         logger.info("API on http://%s:%d, models: %s", settings.host, settings.port, ", ".join(models))

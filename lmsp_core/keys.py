@@ -65,6 +65,12 @@ def wake_channel(model_id: str) -> str:
     return f"{PREFIX}:wake:{model_id}"
 
 
+def replication_mark() -> str:
+    """Pub/sub channel that nobody reads: an empty message published before WAIT, so that the WAIT
+    covers every write made before it (see ``lmsp_core.connections.replicated``)."""
+    return f"{PREFIX}:replicated"
+
+
 def model_card(model_id: str) -> str:
     """String: the model card a worker publishes (tokenizer and chat template)."""
     return f"{PREFIX}:model:{model_id}:card"

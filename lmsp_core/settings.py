@@ -19,6 +19,16 @@ def _default_cache() -> str:
 
 class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     redis_url: str = "redis://127.0.0.1:6379/0"
+    # Redis Sentinel (docs/reliability.md, "Replication and failover"): comma-separated host:port of
+    # the sentinels that watch the primary named redis_master. When set, every connection asks them
+    # for the current primary, and redis_url gives only the database, user name, password and TLS.
+    redis_sentinels: str = ""
+    redis_master: str = "mymaster"
+    # replicas that must hold a write before it is acknowledged (a worker's events, a created or
+    # cancelled task): Redis WAIT, giving up after redis_wait_timeout and going on with the primary
+    # alone. None: 1 with sentinels, 0 without.
+    redis_wait_replicas: Annotated[int, Meta(ge=0)] | None = None
+    redis_wait_timeout: Seconds = 0.1
     host: str = "127.0.0.1"
     port: Annotated[int, Meta(ge=0, le=65535)] = 8000
     default_model: str = "smollm2:135m-instruct"
@@ -70,12 +80,44 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     log_json: bool = False
 
+    def __post_init__(self) -> None:
+        parse_sentinels(self.redis_sentinels)  # a malformed list fails at start-up, not at the first use
+
+    @property
+    def sentinel_addresses(self) -> list[tuple[str, int]]:
+        """The sentinels as (host, port); empty: no Sentinel, ``redis_url`` names the Redis."""
+        return parse_sentinels(self.redis_sentinels)
+
+    @property
+    def wait_replicas(self) -> int:
+        """How many replicas WAIT asks for after an acknowledged write (0: no WAIT)."""
+        if self.redis_wait_replicas is not None:
+            return self.redis_wait_replicas
+        return 1 if self.sentinel_addresses else 0
+
+    def redis_env(self) -> dict[str, str]:
+        """The environment that gives a child process (the launcher's worker, a supervised one) the
+        Redis of these settings, which command-line flags may have changed."""
+        return {"LMSP_REDIS_URL": self.redis_url, "LMSP_REDIS_SENTINELS": self.redis_sentinels,
+                "LMSP_REDIS_MASTER": self.redis_master}
+
     @property
     def cors_origin_list(self) -> list[str]:
         return [origin.strip() for origin in self.cors_origins.split(",") if origin.strip()]
 
     def replace(self, **changes: Any) -> "Settings":
         return msgspec.structs.replace(self, **{k: v for k, v in changes.items() if v is not None})
+
+
+def parse_sentinels(text: str) -> list[tuple[str, int]]:
+    """``host:port,host:port`` as (host, port) pairs; raises ValueError for anything else."""
+    addresses = []
+    for entry in filter(None, (part.strip() for part in text.split(","))):
+        host, _, port = entry.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"redis_sentinels: {entry!r} is not host:port")
+        addresses.append((host.removeprefix("[").removesuffix("]"), int(port)))
+    return addresses
 
 
 def load_settings(environ: dict[str, str] | None = None, **overrides: Any) -> Settings:

@@ -7,14 +7,17 @@ import json
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
-from arq.connections import ArqRedis
 
-from lmsp_core import keys, wire
+from lmsp_core import connections, keys, wire
+from lmsp_core.settings import load_settings
 from tests.support import Api, RedisServer, SseEvent, Worker, collect, sse_events, tiny_spec
 from tests.test_tasks import logged
+
+if TYPE_CHECKING:
+    from tests.replication import ReplicatedRedis
 
 
 def models_file(specs: list[dict[str, Any]]) -> str:
@@ -57,17 +60,18 @@ async def wait_for(check: Callable[[], Awaitable[Any]], timeout: float = 60, wha
 
 
 class Group:
-    """Real processes around one Redis: API processes and workers, which tests kill and restart."""
+    """Real processes around one Redis (a redis-server, or one that fails over): API processes and
+    workers, which tests kill and restart."""
 
-    def __init__(self, redis: RedisServer, apis: list[Api], workers: list[Worker]) -> None:
+    def __init__(self, redis: "RedisServer | ReplicatedRedis", apis: list[Api], workers: list[Worker]) -> None:
         self.redis_server = redis
         self.apis = apis
         self.workers = workers
-        self.redis = ArqRedis.from_url(redis.url)
+        self.redis = connections.connect(load_settings({}, **redis.settings))
         self.http = httpx.AsyncClient(base_url=apis[0].url, timeout=60)
 
     @classmethod
-    async def start(cls, redis: RedisServer, apis: list[Api], workers: list[Worker]) -> "Group":
+    async def start(cls, redis: "RedisServer | ReplicatedRedis", apis: list[Api], workers: list[Worker]) -> "Group":
         for worker in workers:
             worker.start()
         for api in apis:
@@ -79,7 +83,10 @@ class Group:
     async def close(self) -> None:
         await self.http.aclose()
         await self.redis.aclose()
-        for process in [*self.apis, *self.workers]:
+        processes = [*self.apis, *self.workers]
+        for process in processes:  # all stop at once, then each is waited for
+            process.terminate()
+        for process in processes:
             process.stop()
         self.redis_server.cleanup()
 

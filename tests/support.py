@@ -19,7 +19,8 @@ import msgspec
 import redis.asyncio as aioredis
 from httpx_sse import aconnect_sse
 
-from lmsp_core import tokens
+from lmsp_core import connections, tokens
+from lmsp_core.settings import load_settings
 
 ROOT = Path(__file__).resolve().parent.parent
 SECURE_CORS_ORIGIN = "https://app.example"  # the one origin the secure_api fixture allows
@@ -43,8 +44,13 @@ def wait_port(port: int, timeout: float = 30.0) -> None:
     raise TimeoutError(f"nothing listens on port {port}")
 
 
+def redis_binary() -> str:
+    return shutil.which("redis-server") or "redis-server"
+
+
 class RedisServer:
-    """A redis-server of the test's own, which a test may stop and start again."""
+    """A redis-server of the test's own, which a test may stop and start again (as the replica of
+    the Redis on port ``replica_of``)."""
 
     def __init__(self, appendonly: bool = False) -> None:
         self.port = free_port()
@@ -56,10 +62,24 @@ class RedisServer:
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
-    def start(self) -> None:
-        binary = shutil.which("redis-server") or "redis-server"
-        args = [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.dir), "--save", "",
-                "--appendonly", "yes" if self.appendonly else "no", "--appendfsync", "always"]
+    @property
+    def settings(self) -> dict[str, Any]:
+        """The LMSP settings (``redis_*``) of a service that uses this Redis."""
+        return {"redis_url": self.url}
+
+    @property
+    def log(self) -> Path:
+        return self.dir / "redis.log"
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+    def start(self, replica_of: int | None = None) -> None:
+        args = [redis_binary(), "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.dir), "--save", "",
+                "--appendonly", "yes" if self.appendonly else "no", "--appendfsync", "always",
+                "--logfile", str(self.log)]
+        if replica_of is not None:
+            args += ["--replicaof", "127.0.0.1", str(replica_of)]
         self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL)
         wait_port(self.port)
 
@@ -75,6 +95,42 @@ class RedisServer:
 
     def client(self) -> aioredis.Redis:
         return aioredis.Redis.from_url(self.url)
+
+
+class SentinelServer:
+    """``redis-server --sentinel`` watching the primary ``master`` (its config file, which Sentinel
+    rewrites, in a directory of its own). Short timeouts, so that a failover takes seconds."""
+
+    def __init__(self, master: str, primary_port: int, down_after_ms: int = 1000,
+                 failover_timeout_ms: int = 3000) -> None:
+        self.port = free_port()
+        self.dir = Path(tempfile.mkdtemp(prefix="lmsp-sentinel-"))
+        self.config = self.dir / "sentinel.conf"
+        self.config.write_text(
+            f"port {self.port}\nbind 127.0.0.1\ndir {self.dir}\n"
+            f"sentinel monitor {master} 127.0.0.1 {primary_port} 2\n"
+            f"sentinel down-after-milliseconds {master} {down_after_ms}\n"
+            f"sentinel failover-timeout {master} {failover_timeout_ms}\n")
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        self.process = subprocess.Popen([redis_binary(), str(self.config), "--sentinel", "--logfile",
+                                         str(self.dir / "sentinel.log")], stdout=subprocess.DEVNULL)
+        wait_port(self.port)
+
+    def cleanup(self) -> None:
+        if self.process is not None:
+            self.process.terminate()
+            self.process.wait(timeout=10)
+            self.process = None
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def client(self) -> aioredis.Redis:
+        return aioredis.Redis(port=self.port, decode_responses=True)
 
 
 class Service:
@@ -99,6 +155,11 @@ class Service:
     def wait(self, timeout: float = 30) -> int:
         assert self.process is not None
         return self.process.wait(timeout=timeout)
+
+    def terminate(self) -> None:
+        """Ask the process to stop (SIGTERM) without waiting for it."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
 
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:
@@ -155,9 +216,10 @@ class Worker(Service):
         self.models = models
 
     async def ready(self, timeout: float = 120) -> "Worker":
-        """Wait until this process heartbeats in Redis as ready (warmed up)."""
+        """Wait until this process heartbeats in Redis as ready (warmed up; the Redis its settings name: a
+        URL, or sentinels)."""
         assert self.process is not None
-        client = aioredis.Redis.from_url(self.redis_url)
+        client = connections.connect(load_settings(self.env))
         deadline = time.monotonic() + timeout
         try:
             while time.monotonic() < deadline:

@@ -22,3 +22,15 @@ def test_throughput_benchmark_runs_and_reports_every_figure() -> None:
         assert row in table, table
     assert "GAPS" not in table
     assert re.search(r"gapless +\| 50/50 ", table)
+
+
+def test_replication_benchmark_runs_and_reports_every_figure() -> None:
+    result = subprocess.run([sys.executable, "-m", "bench.throughput", "--replication", "--quick", "--model",
+                             "tiny-random", "--threads", "1"], capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    table = result.stdout.split("\n\n")[-1]
+    for phase in ("replica up", "replica away"):
+        for row in ("1 streams tokens/s, events on a replica (WAIT 1)", "4 streams tokens/s",
+                    "TTFT p50, events on a replica", "writer flush round trip p50 / p99"):
+            assert f"{phase}: {row}" in table, table
+    assert "GAPS" not in table

@@ -10,6 +10,8 @@ import time
 
 import httpx
 
+from lmsp.up import needs_local_redis
+from lmsp_core.settings import Settings
 from tests.support import ROOT, body, free_port, wait_port
 
 
@@ -35,3 +37,13 @@ async def test_lmsp_up_serves_requests_and_stops_cleanly() -> None:
     assert "Traceback" not in output
     # the local Redis kept its append-only file in the data directory
     assert os.path.isdir(os.path.join(env["XDG_DATA_HOME"], "lmsp", "redis"))
+
+
+def test_lmsp_up_starts_its_own_redis_only_without_url_or_sentinels() -> None:
+    assert needs_local_redis(Settings(), {})
+    assert not needs_local_redis(Settings(redis_url="redis://10.0.0.2:6379/0"), {})
+    assert not needs_local_redis(Settings(), {"LMSP_REDIS_URL": Settings().redis_url})
+    sentinels = Settings(redis_sentinels="10.0.0.3:26379", redis_master="lmsp")
+    assert not needs_local_redis(sentinels, {})
+    # the worker it starts gets the same Redis, flags included
+    assert sentinels.redis_env()["LMSP_REDIS_SENTINELS"] == "10.0.0.3:26379"

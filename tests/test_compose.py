@@ -37,6 +37,27 @@ def check(config: dict[str, Any]) -> None:
         assert any("/cache" in str(volume) for volume in worker["volumes"])
         assert worker["command"][:2] == ["lmsp", "worker"]
     assert {"redis-data", "model-cache"} <= set(config["volumes"])
+    check_sentinel_profile(services)
+
+
+def check_sentinel_profile(services: dict[str, Any]) -> None:
+    """``--profile sentinel``: a replica of ``redis`` and three sentinels watching it, under the
+    primary name the services ask for; the services take the sentinels from the environment."""
+    in_profile = {name for name, service in services.items() if "sentinel" in service.get("profiles", [])}
+    replica = services["redis-replica"]
+    assert "redis-replica" in in_profile and replica["command"][:4] == ["redis-server", "--replicaof", "redis", "6379"]
+    sentinels = sorted(name for name in in_profile if name.startswith("sentinel-"))
+    assert sentinels == ["sentinel-1", "sentinel-2", "sentinel-3"]
+    master = services["api"]["environment"]["LMSP_REDIS_MASTER"]
+    for name in sentinels:
+        script = " ".join(services[name]["command"])
+        assert f"sentinel monitor {master} redis 6379 2" in script and "--sentinel" in script
+        assert services[name]["environment"]["SENTINEL_HOST"] == name
+        assert any(":/data" in str(volume) for volume in services[name]["volumes"])
+    for name in ("api", *[n for n in services if n.startswith("worker-gpu")]):
+        assert "LMSP_REDIS_SENTINELS" in services[name]["environment"]
+        assert services[name]["environment"]["LMSP_REDIS_MASTER"] == master
+    assert not in_profile & {"redis", "api", "worker-gpu0"}  # the default services run without the profile
 
 
 def test_compose_file_structure() -> None:

@@ -10,7 +10,7 @@ import torch
 from lmsp_core.catalog import TINY_RANDOM, ModelSpec
 from lmsp_core.settings import load_settings
 from workers import loader
-from workers.engine import LENGTH, STOP, Engine, Sequence
+from workers.engine import ERROR, LENGTH, STOP, Engine, Sequence
 from workers.sampling import RowSampler, SamplingParams
 
 
@@ -78,6 +78,37 @@ async def test_stopping_one_sequence_leaves_the_others_intact(tiny: loader.Loade
         engine.close()
     assert stop.reason == "cancelled" and len(stop.tokens) < 10
     assert keep.tokens == alone(tiny, [4, 5, 6, 7], 30)
+
+
+class FailingAfter(Collector):
+    """A sink whose token handler raises at its ``n``-th token (as a bug in output handling would)."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__()
+        self.n = n
+
+    def on_token(self, seq: Sequence, token: int) -> None:
+        super().on_token(seq, token)
+        if len(self.tokens) == self.n:
+            raise KeyError("gone")
+
+
+async def test_a_failing_token_handler_fails_its_sequence_and_the_engine_goes_on(tiny: loader.LoadedModel) -> None:
+    engine = Engine(tiny)
+    runner = asyncio.create_task(engine.run())
+    failing, keep, later = FailingAfter(3), Collector(), Collector()
+    try:
+        engine.submit(Sequence([1, 2, 3], 50, RowSampler(SamplingParams()), [], failing))
+        engine.submit(Sequence([4, 5, 6, 7], 30, RowSampler(SamplingParams()), [], keep))
+        await asyncio.wait_for(asyncio.gather(failing.done.wait(), keep.done.wait()), 60)
+        engine.submit(Sequence([4, 5, 6, 7], 10, RowSampler(SamplingParams()), [], later))
+        await asyncio.wait_for(later.done.wait(), 60)
+    finally:
+        runner.cancel()
+        engine.close()
+    assert failing.reason == ERROR and len(failing.tokens) == 3
+    assert keep.tokens == alone(tiny, [4, 5, 6, 7], 30)
+    assert later.reason == LENGTH and later.tokens == keep.tokens[:10]
 
 
 async def test_stop_tokens_and_resumed_sequences(tiny: loader.LoadedModel) -> None:

@@ -8,11 +8,11 @@ from typing import Any
 import msgspec
 import redis.asyncio as aioredis
 
-from lmsp_core import eventlog, ids, wire
+from lmsp_core import eventlog, ids, keys, wire
 from lmsp_core.settings import Settings
 from lmsp_core.tasks import TaskRecord, TaskStore
 from tests.support import RedisServer, user_input
-from workers.writer import EventWriter
+from workers.writer import EventWriter, Final, unpack_tokens
 
 
 class Run:
@@ -66,4 +66,32 @@ async def test_appends_survive_a_redis_that_lost_its_scripts(redis_server: Redis
         assert not run.fenced
     finally:
         flushing.cancel()
+        await redis.aclose()
+
+
+async def test_a_closed_log_drops_what_its_run_adds_later(redis_server: RedisServer) -> None:
+    """A fenced run's engine step that was under way still delivers tokens after the writer closed
+    the run's log; they go nowhere, also when the task runs here again (resumed) meanwhile."""
+    redis = aioredis.Redis.from_url(redis_server.url)
+    settings = Settings(redis_url=redis_server.url)
+    store, writer = TaskStore(redis, settings), EventWriter(redis, settings)
+    record, lease = await _claimed_task(store)
+    fenced, resumed = Run(record, lease), Run(record, lease)
+    try:
+        writer.open(fenced, 0, 0)
+        writer.event(fenced, wire.TEXT_DELTA, _delta(fenced, "lost"))
+        writer.close(record.id)
+        assert writer.event(fenced, wire.TEXT_DELTA, _delta(fenced, "late")) is None
+        writer.tokens(fenced, [9])
+        writer.finalize(fenced, Final("completed", b"{}"))
+        writer.open(resumed, 0, 0)
+        writer.tokens(fenced, [9])
+        assert writer.event(resumed, wire.TEXT_DELTA, _delta(resumed, "kept")) == 1
+        writer.tokens(resumed, [2])
+        await writer.flush()
+        events = await eventlog.read_after(redis, record.id, record.response_id, 0)
+        assert [(e.id, msgspec.json.decode(e.data)["delta"]) for e in events] == [(1, "kept")]
+        assert unpack_tokens(await redis.get(keys.tokens(record.id)) or b"") == [2]
+        assert not writer.unsent(record.id)
+    finally:
         await redis.aclose()

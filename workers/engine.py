@@ -63,14 +63,14 @@ class Engine:
     def submit(self, seq: Sequence) -> None:
         self._scheduler.add(seq)
 
-    def stop(self, seq: Sequence, reason: str) -> None:
-        """Stop a sequence: its sink gets ``on_finish(reason)`` soon, on the event loop, and no
+    def stop(self, seq: Sequence, reason: str, error: BaseException | None = None) -> None:
+        """Stop a sequence: its sink gets ``on_finish(reason, error)`` soon, on the event loop, and no
         token after this call."""
         if seq.finish_reason is not None or seq.stop_requested is not None:
             return
         seq.request_stop(reason)
         self._scheduler.wake()  # frees its slot at the next step
-        asyncio.get_running_loop().call_soon(self._finish, seq, reason, None)
+        asyncio.get_running_loop().call_soon(self._finish, seq, reason, error)
 
     async def run(self) -> None:
         """Warm up, then run steps on the model thread until cancelled (see ``ready``)."""
@@ -102,7 +102,12 @@ class Engine:
                     continue  # stopped by the loop: what the thread made meanwhile is dropped
                 if item.token is not None:
                     seq.generated.append(item.token)
-                    seq.sink.on_token(seq, item.token)
+                    try:
+                        seq.sink.on_token(seq, item.token)
+                    except Exception as exc:  # one sequence's failure must not end the others'
+                        logger.exception("a sequence's token handler failed; failing the sequence")
+                        self.stop(seq, ERROR, exc)
+                        continue
                     if seq.stop_requested is not None:
                         continue  # the sink stopped it (a stop string): finished by stop()
                 if item.reason is not None:

@@ -12,11 +12,11 @@ import signal
 import time
 from pathlib import Path
 
-from arq.connections import ArqRedis, RedisSettings, create_pool
+from arq.connections import ArqRedis
 from arq.worker import func
 from redis.exceptions import RedisError
 
-from lmsp_core import keys, logs, registry
+from lmsp_core import connections, keys, logs, registry
 from lmsp_core.catalog import Catalog, ModelSpec
 from lmsp_core.chat import PromptRenderer
 from lmsp_core.queue import GENERATE
@@ -31,6 +31,9 @@ from workers.taskrun import ModelRuntime
 
 logger = logging.getLogger(__name__)
 
+CONNECT_ATTEMPTS = 6  # as arq's create_pool did: the first try and five more, a second apart
+CONNECT_RETRY_DELAY = 1.0
+
 
 def run(settings: Settings, model_ids: list[str]) -> None:
     logs.configure(settings.log_level, settings.log_json)
@@ -39,7 +42,21 @@ def run(settings: Settings, model_ids: list[str]) -> None:
 
 
 async def connect(settings: Settings) -> ArqRedis:
-    return await create_pool(RedisSettings.from_dsn(settings.redis_url))
+    """The Redis client of every part of the worker (arq's polling, the writer, the reaper, ...). A
+    worker needs Redis to start: it gives up after a few attempts, and its supervisor restarts it."""
+    redis = connections.connect(settings)
+    left = CONNECT_ATTEMPTS
+    while True:
+        try:
+            await redis.ping()
+            return redis
+        except (RedisError, OSError) as exc:
+            left -= 1
+            if not left:
+                await redis.aclose()
+                raise
+            logger.warning("Redis unavailable (%s); %d more attempts", type(exc).__name__, left)
+            await asyncio.sleep(CONNECT_RETRY_DELAY)
 
 
 async def serve(settings: Settings, model_ids: list[str]) -> None:

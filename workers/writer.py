@@ -6,6 +6,12 @@ so round trips do not grow with tokens x streams. A batch that failed to send st
 sent again; a batch that Redis applied although its answer was lost (the connection dropped) is
 recognised by its event number and token offset and counted as done. The script's answer also
 carries the task's cancel flag, so a worker learns of a cancellation without polling.
+
+With replicas to wait for (``redis_wait_replicas``), the pipeline ends with ``WAIT``: a batch counts
+as stored once a replica holds it too (or the wait timed out, or no replica is online: see
+``lmsp_core.connections.ReplicaWatch``). Until then it stays here, so a batch
+that a failover loses, although a follower may have seen it on the old primary, is written again,
+the same bytes under the same numbers, to the new primary (docs/reliability.md).
 """
 
 import asyncio
@@ -18,7 +24,7 @@ from typing import Protocol
 from redis.asyncio import Redis
 from redis.exceptions import NoScriptError, RedisError
 
-from lmsp_core import eventlog, keys, scripts
+from lmsp_core import connections, eventlog, keys, scripts
 from lmsp_core.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -101,32 +107,48 @@ class EventWriter:
         self._logs: dict[str, _Log] = {}
         self._dirty = asyncio.Event()
         self._flushed = asyncio.Condition()
+        self._replicas = connections.ReplicaWatch(settings)
+        self._replicas_short = False  # the last flush was not confirmed by replicas: on the primary alone
 
     # --- called by runs (on the event loop, never awaiting) -------------------------------------
 
     def open(self, run: Writable, last_event_id: int, token_count: int) -> None:
         self._logs[run.task_id] = _Log(owner=run, next_id=last_event_id + 1, token_count=token_count)
 
-    def event(self, run: Writable, name: str, data: bytes) -> int:
-        log = self._logs[run.task_id]
+    def event(self, run: Writable, name: str, data: bytes) -> int | None:
+        """Add an event; returns its number (None: the run's log is closed, the event dropped)."""
+        log = self._log_of(run)
+        if log is None:
+            return None
         log.open_batch().events.append((name, data))
         log.next_id += 1
         self._dirty.set()
         return log.next_id - 1
 
     def tokens(self, run: Writable, tokens: list[int]) -> None:
-        log = self._logs[run.task_id]
+        log = self._log_of(run)
+        if log is None:
+            return
         log.open_batch().tokens.extend(tokens)
         log.token_count += len(tokens)
         self._dirty.set()
 
     def finalize(self, run: Writable, final: Final) -> None:
-        self._logs[run.task_id].open_batch().final = final
+        log = self._log_of(run)
+        if log is None:
+            return
+        log.open_batch().final = final
         self._dirty.set()
 
     def close(self, task_id: str) -> None:
-        """Forget a task; anything still unsent for it is dropped."""
+        """Forget a task; anything still unsent for it is dropped, and so is what its run adds later
+        (a fenced run's engine step that was under way still delivers its tokens)."""
         self._logs.pop(task_id, None)
+
+    def _log_of(self, run: Writable) -> _Log | None:
+        # the task's log only if it is this run's: a later run of the same task here has its own
+        log = self._logs.get(run.task_id)
+        return log if log is not None and log.owner is run else None
 
     def unsent(self, task_id: str) -> bool:
         log = self._logs.get(task_id)
@@ -145,6 +167,11 @@ class EventWriter:
             await self._dirty.wait()
             self._dirty.clear()
             try:
+                if failures:
+                    # Redis came back, maybe as another server (a promoted replica) or without its
+                    # scripts: load ours first rather than learn it from NOSCRIPT answers, which
+                    # would cost a whole flush (and its WAIT) for nothing
+                    await self.redis.script_load(scripts.APPEND)
                 await self.flush()
                 failures = 0
             except (RedisError, OSError) as exc:
@@ -158,6 +185,7 @@ class EventWriter:
         sending = [(log, batch) for log in self._logs.values() for batch in log.batches]
         if not sending:
             return
+        wait = await self._replicas.command(self.redis)
         async with self.redis.pipeline(transaction=False) as pipe:
             for log, batch in sending:
                 batch.sent = True
@@ -165,18 +193,36 @@ class EventWriter:
                 # EVALSHA straight into the pipeline: redis-py's Script would ask SCRIPT EXISTS first,
                 # a second round trip per flush; a Redis that lost its scripts answers NOSCRIPT
                 pipe.execute_command("EVALSHA", self._append.sha, len(task_keys), *task_keys, *self._args(log, batch))
+            if wait is not None:
+                pipe.execute_command(*wait)
             try:
                 results = await pipe.execute(raise_on_error=False)
             except BaseException:
                 for _, batch in sending:
                     batch.sent = False
                 raise
+        self._note_replicas(results.pop() if wait is not None else None)
         if any(isinstance(result, NoScriptError) for result in results):
             await self.redis.script_load(scripts.APPEND)  # a restarted Redis: those batches go again
         for (log, batch), result in zip(sending, results, strict=True):
             self._settle(log, batch, result)
         async with self._flushed:
             self._flushed.notify_all()
+        failed = next((r for r in results if isinstance(r, Exception) and not isinstance(r, NoScriptError)), None)
+        if failed is not None:
+            raise failed  # READONLY (a demoted primary behind a plain URL), OOM, ...: back off, then retry
+
+    def _note_replicas(self, answer: object) -> None:
+        if not self._replicas.wanted:
+            return
+        short = not self._replicas.confirmed(answer)
+        if short and not self._replicas_short:
+            logger.warning("events are not reaching %d replica(s) (%s); storing them on the primary alone",
+                           self._replicas.wanted, "none online" if answer is None else
+                           f"no answer within {self._replicas.timeout_ms} ms")
+        elif self._replicas_short and not short:
+            logger.info("events reach the replicas again")
+        self._replicas_short = short
 
     def _args(self, log: _Log, batch: _Batch) -> list[str | bytes | int]:
         final = batch.final or Final("", b"")

@@ -22,7 +22,7 @@ from api.idempotency import REPLAYED, IdempotencyKey
 from api.services import Services
 from api.sse import relay
 from api.submit import submit
-from lmsp_core import eventlog, ids, tokens, wire
+from lmsp_core import connections, eventlog, ids, tokens, wire
 from lmsp_core.errors import Gone, InvalidRequest, NotFound
 from lmsp_core.tasks import ListCursor, TaskRecord
 
@@ -117,7 +117,9 @@ class TasksController(Controller):
           responses={200: _FINAL, **doc.problems("invalid_request", "task_not_found", "service_unavailable")})
     async def cancel_task(self, task_id: str, services: Services, owner: str) -> wire.Task:
         record = await load_task(services, task_id, owner)
-        if await services.store.cancel(record) == "in_progress":
+        status = await services.store.cancel(record)
+        await connections.replicated(services.redis, services.replicas)
+        if status == "in_progress":
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(_until_final(services, record), CANCEL_WAIT)
         return (await load_task(services, task_id, owner)).to_wire()

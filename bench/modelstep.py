@@ -116,7 +116,8 @@ def long_prompt_text(local: Any, tokens: int) -> str:
 # --- start-up -------------------------------------------------------------------------------------
 
 
-def startup_seconds(models: list[dict[str, Any]], served: str, threads: int, compile_cache: Path) -> float:
-    """Seconds from starting a worker to its model being ready (loaded and warmed up)."""
-    with Stack(models, [served], threads, extra_env={"TORCHINDUCTOR_CACHE_DIR": str(compile_cache)}) as stack:
+def startup_seconds(models: list[dict[str, Any]], served: str, threads: int, model_cache: Path) -> float:
+    """Seconds from starting a worker to its model being ready (converted or read from ``model_cache``,
+    compiled or read from its compile cache there, warmed up)."""
+    with Stack(models, [served], threads, extra_env={"LMSP_MODEL_CACHE": str(model_cache)}) as stack:
         return stack.worker_ready_seconds

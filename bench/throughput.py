@@ -394,11 +394,11 @@ async def model_step(args: argparse.Namespace, stack: Stack, local: InProcess, t
 
 
 def startup(models: list[dict[str, Any]], spec: Any, threads: int, table: Table) -> None:
-    """A worker's first start (nothing compiled yet) and its restart (the compile cache on disk)."""
-    with tempfile.TemporaryDirectory(prefix="lmsp-compiled-") as compiled:
-        cold = modelstep.startup_seconds(models, spec.id, threads, Path(compiled))
-        warm = modelstep.startup_seconds(models, spec.id, threads, Path(compiled))
-    table.add(f"worker start, {'compiled' if spec.compile else 'eager'}: first / restart", f"{cold:.0f} s",
+    """A worker's first start (an empty model cache: converting, compiling) and its restart (both cached)."""
+    with tempfile.TemporaryDirectory(prefix="lmsp-model-cache-") as cache:
+        cold = modelstep.startup_seconds(models, spec.id, threads, Path(cache))
+        warm = modelstep.startup_seconds(models, spec.id, threads, Path(cache))
+    table.add(f"worker start (compile={spec.compile}): first / restart", f"{cold:.0f} s",
               f"{warm:.0f} s", "", "restart <= 20 s")
 
 

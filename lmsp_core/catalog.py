@@ -54,9 +54,10 @@ class ModelSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     device: str = "auto"  # "auto" picks CUDA when present, else CPU
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     max_batch_size: Annotated[int, Meta(ge=1, le=1024)] = 32
-    # compile the decoding step (torch.compile; CUDA graphs on a GPU): faster steps, after a warm-up
-    # that compiles once and is cached on disk (docs/performance.md)
-    compile: bool = True
+    # compile the decoding step (torch.compile; CUDA graphs on a GPU) after a warm-up that compiles
+    # once and is cached on disk. "auto": on CUDA only; on a CPU it measured no steady gain for minutes
+    # of compiling (docs/performance.md), so it is asked for explicitly there
+    compile: bool | Literal["auto"] = "auto"
     # decoding on 4-bit weights (CPU, bfloat16): "auto" when the weights already are 4-bit groups (a
     # Q4 GGUF: repacking them loses nothing), "int4" always (lossy for other models), "dense" never
     weights: Literal["auto", "dense", "int4"] = "auto"

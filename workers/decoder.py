@@ -152,11 +152,9 @@ class Decoder(nn.Module):
         self._decode = self.forward
         if compile:
             # shapes stay symbolic (one compilation); with CUDA graphs one graph is recorded per
-            # batch-size bucket and attention-length block. Freezing makes the weights constants of
-            # the graph, which lets inductor lay them out for the CPU's matrix library itself.
+            # batch-size bucket and attention-length block
             self._decode = torch.compile(self.forward, dynamic=True,
-                                         mode="reduce-overhead" if self.graphs else None,
-                                         options=None if self.graphs else {"freezing": True})
+                                         mode="reduce-overhead" if self.graphs else None)
 
     @property
     def slots(self) -> int:

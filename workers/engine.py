@@ -12,6 +12,7 @@ events. See docs/performance.md for why this is our own loop.
 import asyncio
 import logging
 import threading
+from typing import Literal
 
 import torch
 from tokenizers import Tokenizer
@@ -40,8 +41,8 @@ def slot_model(loaded: LoadedModel, compile: bool) -> SlotModel:
             packed = decoder.pack_int4(loaded.exact_weights, lossless_only=spec.weights == "auto")
             logger.info("model %s: decoding on %s weights", spec.id, "4-bit" if packed else "dense")
             loaded.exact_weights.clear()
-        if loaded.device.type == "cpu" and can_prepack(loaded.dtype) and not compile:
-            decoder.prepack()  # compiling lays the weights out itself (freezing)
+        if loaded.device.type == "cpu" and can_prepack(loaded.dtype):
+            decoder.prepack()
         return decoder
     logger.warning("model %s: the slot decoder does not support %s; running transformers' forward pass "
                    "one sequence at a time (slower)", spec.id, reason)
@@ -49,10 +50,11 @@ def slot_model(loaded: LoadedModel, compile: bool) -> SlotModel:
 
 
 class Engine:
-    def __init__(self, loaded: LoadedModel, *, compile: bool | None = None) -> None:
+    def __init__(self, loaded: LoadedModel, *, compile: bool | Literal["auto"] | None = None) -> None:
         spec = loaded.spec
         self.loaded = loaded
-        self.compile = spec.compile if compile is None else compile
+        wanted = spec.compile if compile is None else compile
+        self.compile = loaded.device.type == "cuda" if wanted == "auto" else wanted
         self.model = slot_model(loaded, self.compile)
         vocab = max(self.model.vocab, Tokenizer.from_str(loaded.card.tokenizer_json).get_vocab_size())
         self._scheduler = Scheduler(self.model, TokenChooser(self.model.slots, vocab, loaded.device),

@@ -111,8 +111,9 @@ async def serve(settings: Settings, model_ids: list[str]) -> None:
 
 def compiled_cache(model_cache: Path) -> None:
     """Compiled decoding steps are kept beside the converted models, so a restart does not compile
-    again (torch's inductor cache; an explicit TORCHINDUCTOR_CACHE_DIR wins)."""
-    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(model_cache / "compiled"))
+    again. torch's inductor cache; torch sets TORCHINDUCTOR_CACHE_DIR itself when imported, so the
+    variable is replaced, not defaulted."""
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(model_cache / "compiled")
 
 
 async def _start_models(specs: list[ModelSpec], settings: Settings,

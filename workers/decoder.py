@@ -150,6 +150,10 @@ class Decoder(nn.Module):
         self.compiled = compile
         self.graphs = compile and device.type == "cuda"
         self._decode = self.forward
+        if self.graphs:
+            for i in range(len(self.layers)):  # written in place by the graphs: fixed addresses
+                for tensor in self.cache.layer(i):
+                    torch._dynamo.mark_static_address(tensor)
         if compile:
             # shapes stay symbolic (one compilation); with CUDA graphs one graph is recorded per
             # batch-size bucket and attention-length block
@@ -234,12 +238,12 @@ class Decoder(nn.Module):
         if not plan.feeds:
             return 0
         used = max(feed.slot for feed in plan.feeds) + 1
-        if self.graphs:
-            return min(self.slots, 1 << (used - 1).bit_length())  # batch-size buckets: powers of two
         if self.compiled and not plan.chunks:
             # a compiled step has one graph for every batch size from two up (torch specialises
             # size one): a lone sequence runs beside a dummy row rather than compile twice
-            return max(used, min(2, self.slots))
+            used = max(used, min(2, self.slots))
+            if self.graphs:  # one CUDA graph per batch-size bucket: powers of two
+                used = min(self.slots, 1 << (used - 1).bit_length())
         return used
 
     def _decode_mask(self, plan: StepPlan, rows: int) -> Tensor:

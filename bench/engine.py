@@ -1,0 +1,169 @@
+"""The engine alone, in process: one stream's tokens/s and time to first token, the aggregate tokens/s of
+N concurrent streams, and the engine's warm-up, eager and compiled, beside raw transformers ``generate``
+on the same weights in the same run. This is the model step without the service around it (which costs
+about 1% at one stream on a CPU: bench.throughput); it is the GPU run of docs/performance.md:
+
+    python -m bench.engine --model llama-8b-random --streams 1 64 --tokens 256 --json gpu.json
+
+Every stream runs to its budget (no stop tokens), greedy, from its own prompt.
+"""
+
+import argparse
+import asyncio
+import gc
+import json
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import torch
+
+from lmsp_core import wire
+from lmsp_core.catalog import Catalog
+from lmsp_core.chat import PromptRenderer
+from lmsp_core.settings import load_settings
+from workers import loader
+from workers.engine import Engine, Sequence
+from workers.sampling import RowSampler, SamplingParams
+
+
+class Timing:
+    """A sink that notes when each sequence got its first token and when it finished."""
+
+    def __init__(self, started: float) -> None:
+        self.started = started
+        self.first: float | None = None
+        self.tokens = 0
+        self.done = asyncio.Event()
+
+    def on_token(self, seq: Sequence, token: int) -> None:
+        if self.first is None:
+            self.first = time.perf_counter()
+        self.tokens += 1
+
+    def on_finish(self, seq: Sequence, reason: str, error: BaseException | None) -> None:
+        if error is not None:
+            raise RuntimeError(f"a sequence failed: {error!r}")
+        self.done.set()
+
+
+def user_message(text: str) -> wire.InputItem:
+    return msgspec.convert({"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]},
+                           wire.InputItem)  # type: ignore[arg-type]
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return f"{line.partition(':')[2].strip()}, {os.cpu_count()} CPUs"
+    return platform.machine()
+
+
+async def streams(engine: Engine, prompts: list[list[int]], tokens: int) -> dict[str, float]:
+    """``len(prompts)`` sequences at once; aggregate tokens/s, TTFT p50 and the decode rate of one stream."""
+    started = time.perf_counter()
+    sinks = [Timing(started) for _ in prompts]
+    for prompt, sink in zip(prompts, sinks, strict=True):
+        engine.submit(Sequence(prompt, tokens, RowSampler(SamplingParams()), [], sink))
+    await asyncio.gather(*(sink.done.wait() for sink in sinks))
+    seconds = time.perf_counter() - started
+    total = sum(sink.tokens for sink in sinks)
+    assert total == tokens * len(prompts), f"{total} tokens, not {len(prompts)} x {tokens}"
+    ttfts = [(sink.first or started) - started for sink in sinks]
+    after_first = seconds - max(ttfts)
+    return {"tokens_per_s": total / seconds, "ttft_ms": statistics.median(ttfts) * 1000,
+            "decode_tokens_per_s_per_stream": (tokens - 1) / after_first if after_first > 0 else 0.0}
+
+
+def generate_rate(loaded: loader.LoadedModel, prompt: list[int], tokens: int) -> float:
+    """Raw transformers ``generate`` (eager, dynamic cache), one stream: the baseline."""
+    ids = torch.tensor([prompt], device=loaded.device)
+    with torch.inference_mode():
+        loaded.model.generate(ids, max_new_tokens=4, min_new_tokens=4, do_sample=False)
+        sync(loaded.device)
+        started = time.perf_counter()
+        loaded.model.generate(ids, max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False)
+        sync(loaded.device)
+    return tokens / (time.perf_counter() - started)
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+async def measure(loaded: loader.LoadedModel, prompts: list[list[int]], args: argparse.Namespace,
+                  compile: bool) -> dict[str, Any]:
+    """Warm an engine up, run each stream count ``args.rounds`` times (best round kept), close it."""
+    started = time.perf_counter()
+    engine = Engine(loaded, compile=compile)
+    runner = asyncio.create_task(engine.run())
+    try:
+        await engine.ready()
+        result: dict[str, Any] = {"compile": compile, "warm_up_s": time.perf_counter() - started}
+        print(f"  {'compiled' if compile else 'eager'}: warmed up in {result['warm_up_s']:.1f} s", flush=True)
+        for count in args.streams:
+            rounds = [await streams(engine, prompts[:count], args.tokens) for _ in range(args.rounds)]
+            best = max(rounds, key=lambda r: r["tokens_per_s"])
+            result[f"streams_{count}"] = best
+            print(f"  {count:>3} streams: {best['tokens_per_s']:8.1f} tokens/s, TTFT p50 {best['ttft_ms']:6.1f} ms, "
+                  f"{best['decode_tokens_per_s_per_stream']:6.1f} tokens/s per stream after it", flush=True)
+        return result
+    finally:
+        runner.cancel()
+        engine.close()
+        del engine
+        gc.collect()
+        if loaded.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+async def main(args: argparse.Namespace) -> None:
+    settings = load_settings()
+    loader.limit_threads(settings.torch_threads)
+    spec = Catalog.from_settings(settings).get(args.model)
+    started = time.perf_counter()
+    loaded = loader.load(spec, Path(settings.model_cache))
+    renderer = PromptRenderer(loaded.card)
+    prompts = [renderer.encode(renderer.render([user_message(f"Tell me about local model services, part {i}.")]))
+               for i in range(max(args.streams))]
+    report: dict[str, Any] = {"model": spec.id, "device": device_name(loaded.device), "dtype": str(loaded.dtype),
+                              "torch": torch.__version__, "tokens": args.tokens,
+                              "load_s": time.perf_counter() - started}
+    print(f"{spec.id} on {report['device']} ({report['dtype']}, torch {torch.__version__}), loaded in "
+          f"{report['load_s']:.1f} s; {args.tokens} tokens per stream, best of {args.rounds}", flush=True)
+    if args.baseline_tokens:
+        report["generate_tokens_per_s"] = generate_rate(loaded, prompts[0], args.baseline_tokens)
+        print(f"  transformers generate, 1 stream: {report['generate_tokens_per_s']:.1f} tokens/s", flush=True)
+    modes = {"auto": [loaded.device.type == "cuda"], "on": [True], "off": [False], "both": [False, True]}
+    report["runs"] = []
+    for compile in modes[args.compile]:
+        try:
+            report["runs"].append(await measure(loaded, prompts, args, compile))
+        except Exception as exc:  # report what failed and go on with the next mode
+            print(f"  {'compiled' if compile else 'eager'}: FAILED {exc!r}", flush=True)
+            report["runs"].append({"compile": compile, "error": repr(exc)})
+        if args.json:
+            Path(args.json).write_text(json.dumps(report, indent=2))
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="smollm2:135m-instruct")
+    parser.add_argument("--streams", type=int, nargs="+", default=[1, 16])
+    parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--compile", choices=["auto", "on", "off", "both"], default="both")
+    parser.add_argument("--baseline-tokens", type=int, default=32, help="0: skip transformers generate")
+    parser.add_argument("--json", help="also write the figures to this file")
+    return parser.parse_args()
+
+
+if __name__ == "__main__":
+    asyncio.run(main(parse_args()))

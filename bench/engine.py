@@ -93,6 +93,19 @@ def generate_rate(loaded: loader.LoadedModel, prompt: list[int], tokens: int) ->
     return tokens / (time.perf_counter() - started)
 
 
+async def profile(engine: Engine, prompt: list[int], device: torch.device) -> None:
+    """Where one stream's 32 steps spend their time, by operator (device time on a GPU)."""
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    sort = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    with torch.profiler.profile(activities=activities) as profiler:
+        done = Timing(time.perf_counter())
+        engine.submit(Sequence(prompt, 32, RowSampler(SamplingParams()), [], done))
+        await done.done.wait()
+    print(profiler.key_averages().table(sort_by=sort, row_limit=20), flush=True)
+
+
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -114,6 +127,8 @@ async def measure(loaded: loader.LoadedModel, prompts: list[list[int]], args: ar
             result[f"streams_{count}"] = best
             print(f"  {count:>3} streams: {best['tokens_per_s']:8.1f} tokens/s, TTFT p50 {best['ttft_ms']:6.1f} ms, "
                   f"{best['decode_tokens_per_s_per_stream']:6.1f} tokens/s per stream after it", flush=True)
+        if args.profile:
+            await profile(engine, prompts[0], loaded.device)
         return result
     finally:
         runner.cancel()
@@ -161,6 +176,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--compile", choices=["auto", "on", "off", "both"], default="both")
     parser.add_argument("--baseline-tokens", type=int, default=32, help="0: skip transformers generate")
+    parser.add_argument("--profile", action="store_true", help="also profile one stream's steps")
     parser.add_argument("--json", help="also write the figures to this file")
     return parser.parse_args()
 

@@ -13,7 +13,8 @@ sequence uses (a sequence ends when its context fills the window, before the tok
 position is fed back), and whose output is dropped.
 
 With ``compile`` the decoding-only step is compiled (``torch.compile``: C++ kernels on a CPU,
-CUDA graphs of batch-size buckets on a GPU); steps with prompt chunks run eagerly.
+Triton kernels on a GPU, replayed there from CUDA graphs of batch-size buckets: ``cudagraphs``);
+steps with prompt chunks run eagerly.
 """
 
 import logging
@@ -24,6 +25,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional
 
+from workers.cudagraphs import StepGraphs
 from workers.kvslots import KvSlots, StepPlan
 from workers.weights import GROUP, Linear, frozen, on_int4_grid
 
@@ -149,16 +151,13 @@ class Decoder(nn.Module):
         self.register_buffer("columns", torch.arange(positions, device=device), persistent=False)
         self.compiled = compile
         self.graphs = compile and device.type == "cuda"
-        self._decode = self.forward
-        if self.graphs:
-            for i in range(len(self.layers)):  # written in place by the graphs: fixed addresses
-                for tensor in self.cache.layer(i):
-                    torch._dynamo.mark_static_address(tensor)
+        self._decode = self.logits
+        self._graphs: StepGraphs | None = None
         if compile:
-            # shapes stay symbolic (one compilation); with CUDA graphs one graph is recorded per
-            # batch-size bucket and attention-length block
-            self._decode = torch.compile(self.forward, dynamic=True,
-                                         mode="reduce-overhead" if self.graphs else None)
+            # shapes stay symbolic: one compilation for every batch size and attention length
+            self._decode = torch.compile(self.logits, dynamic=True)
+        if self.graphs:
+            self._graphs = StepGraphs(self._decode, self.columns, slots)
 
     @property
     def slots(self) -> int:
@@ -205,14 +204,33 @@ class Decoder(nn.Module):
     def run(self, plan: StepPlan) -> Tensor:
         rows = self._rows(plan)
         tokens, positions, slots = self._inputs(plan, rows)
-        mask = self._decode_mask(plan, rows) if rows else None
+        rows_wanted = self._outputs(plan, rows)
+        limits, length = self._limits(plan, rows)
+        if self._graphs is not None and rows and not plan.chunks:
+            all_rows = self._graphs.run(np.stack([tokens, positions, slots, limits]), length)
+            if np.array_equal(rows_wanted, np.arange(len(rows_wanted))):
+                # a view: the step's tokens are chosen from it before the next replay overwrites it
+                return all_rows[:len(rows_wanted)]
+            return all_rows[self._on_device(rows_wanted)]
+        wanted = self._on_device(rows_wanted)
+        mask = self._mask(limits, length) if rows else None
+        tokens_, positions_, slots_ = (self._on_device(array) for array in (tokens, positions, slots))
+        if self.compiled and mask is not None and not plan.chunks:
+            # the output layer inside the compiled step, for every row: as cheap as for some
+            every_row: Tensor = self._decode(tokens_, positions_, slots_, mask)
+            return every_row[wanted]
         segments = tuple((chunk.slot, chunk.start, chunk.end) for chunk in plan.chunks)
-        forward = self.forward if segments else self._decode
-        hidden = forward(tokens, positions, slots, mask, segments)
-        logits: Tensor = self.lm_head(rms_norm(hidden[self._outputs(plan, rows)], self.norm, self.eps))
+        hidden = self.forward(tokens_, positions_, slots_, mask, segments)
+        logits: Tensor = self.lm_head(rms_norm(hidden[wanted], self.norm, self.eps))
         return logits
 
-    def _inputs(self, plan: StepPlan, rows: int) -> tuple[Tensor, Tensor, Tensor]:
+    def logits(self, tokens: Tensor, positions: Tensor, slots: Tensor, mask: Tensor) -> Tensor:
+        """A decoding-only step's logits of every row (the step that is compiled)."""
+        hidden = self.forward(tokens, positions, slots, mask, ())
+        result: Tensor = self.lm_head(rms_norm(hidden, self.norm, self.eps))
+        return result
+
+    def _inputs(self, plan: StepPlan, rows: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Token, position and slot of each of the step's rows: the decoding rows (dummies at the
         scratch position), then the chunks' tokens."""
         tokens = np.zeros(rows, dtype=np.int64)
@@ -220,11 +238,11 @@ class Decoder(nn.Module):
         for feed in plan.feeds:
             tokens[feed.slot], positions[feed.slot] = feed.token, feed.position
         chunks = plan.chunks
-        return (self._on_device(np.concatenate([tokens, *(np.asarray(c.tokens, dtype=np.int64) for c in chunks)])),
-                self._on_device(np.concatenate([positions, *(np.arange(c.start, c.end) for c in chunks)])),
-                self._on_device(np.concatenate([np.arange(rows), *(np.full(len(c.tokens), c.slot) for c in chunks)])))
+        return (np.concatenate([tokens, *(np.asarray(c.tokens, dtype=np.int64) for c in chunks)]),
+                np.concatenate([positions, *(np.arange(c.start, c.end) for c in chunks)]),
+                np.concatenate([np.arange(rows), *(np.full(len(c.tokens), c.slot) for c in chunks)]))
 
-    def _outputs(self, plan: StepPlan, rows: int) -> Tensor:
+    def _outputs(self, plan: StepPlan, rows: int) -> np.ndarray:
         """The rows whose logits the plan wants: each feed's, then each last chunk's last token."""
         wanted = [feed.slot for feed in plan.feeds]
         offset = rows
@@ -232,7 +250,7 @@ class Decoder(nn.Module):
             offset += len(chunk.tokens)
             if chunk.last:
                 wanted.append(offset - 1)
-        return self._on_device(np.asarray(wanted, dtype=np.int64))
+        return np.asarray(wanted, dtype=np.int64)
 
     def _rows(self, plan: StepPlan) -> int:
         if not plan.feeds:
@@ -246,14 +264,19 @@ class Decoder(nn.Module):
                 used = min(self.slots, 1 << (used - 1).bit_length())
         return used
 
-    def _decode_mask(self, plan: StepPlan, rows: int) -> Tensor:
-        """``[rows, 1, 1, L]``: the columns each decoding row attends to (dummies: all)."""
+    def _limits(self, plan: StepPlan, rows: int) -> tuple[np.ndarray, int]:
+        """The last column each decoding row attends to (dummies: all), and how many columns the
+        step's attention reads (with CUDA graphs, rounded up to a block)."""
         limits = np.full(rows, self.cache.positions - 1, dtype=np.int64)
         for feed in plan.feeds:
             limits[feed.slot] = feed.position
-        length = max(feed.position for feed in plan.feeds) + 1
+        length = max((feed.position for feed in plan.feeds), default=0) + 1
         if self.graphs:
             length = min(self.cache.positions, -(-length // ATTENTION_BLOCK) * ATTENTION_BLOCK)
+        return limits, length
+
+    def _mask(self, limits: np.ndarray, length: int) -> Tensor:
+        """``[rows, 1, 1, length]``: the columns each decoding row attends to."""
         return (self.columns[:length][None, :] <= self._on_device(limits)[:, None])[:, None, None, :]
 
     def _on_device(self, array: np.ndarray) -> Tensor:
@@ -262,7 +285,7 @@ class Decoder(nn.Module):
     def forward(self, tokens: Tensor, positions: Tensor, slots: Tensor, mask: Tensor | None,
                 segments: tuple[tuple[int, int, int], ...]) -> Tensor:
         """Hidden states ``[N, hidden]`` (before the final norm) of a step's tokens: first one per
-        decoding row (row b is slot b; ``mask`` from ``_decode_mask``), then the chunks
+        decoding row (row b is slot b; ``mask`` from ``_mask``), then the chunks
         (``segments``: slot, start, end)."""
         x = functional.embedding(tokens, self.embed).float()
         cos, sin = self.cos[positions][:, None, :], self.sin[positions][:, None, :]

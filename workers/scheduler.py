@@ -3,7 +3,7 @@
 A step: sequences asked to stop leave (their slots are free at once), waiting sequences take free
 slots, every decoding sequence gets its next token, and joining sequences' prompts go in as chunks
 in the same model call. While others decode, a step takes only as many prompt tokens as cost about
-``STALL`` decoding steps (measured as it runs), so a long prompt joins over several steps instead
+``STALL`` decoding steps (measured as it runs: ``ChunkCost``), so a long prompt joins over several steps instead
 of stalling everyone for its whole length; a sequence whose prompt is complete gets its first
 token from its last chunk.
 
@@ -78,7 +78,7 @@ class Scheduler:
         self._running: dict[int, _Running] = {}  # by slot, in order of admission
         self._free = list(range(model.slots))
         self._decode_seconds: float | None = None
-        self._token_seconds: float | None = None  # added cost of one prompt token in a step
+        self._chunk_cost = ChunkCost()
         self._thread = threading.Thread(target=self._loop, name=f"engine-{name}", daemon=True)
 
     # --- called from the event loop -------------------------------------------------------------
@@ -193,9 +193,10 @@ class Scheduler:
     def _chunk_budget(self, others_decode: bool) -> int:
         if not others_decode:
             return MAX_CHUNK
-        if self._decode_seconds is None or self._token_seconds is None:
+        fitted = self._chunk_cost.fit()
+        if self._decode_seconds is None or fitted is None:
             return FIRST_CHUNK
-        return max(MIN_CHUNK, min(MAX_CHUNK, int(STALL * self._decode_seconds / self._token_seconds)))
+        return chunk_budget(self._decode_seconds, *fitted)
 
     def _measure(self, plan: StepPlan, seconds: float) -> None:
         prompt_tokens = sum(len(chunk.tokens) for chunk in plan.chunks)
@@ -203,7 +204,7 @@ class Scheduler:
             self._decode_seconds = _smoothed(self._decode_seconds, seconds)
             return
         decode = (self._decode_seconds or 0.0) if plan.feeds else 0.0
-        self._token_seconds = _smoothed(self._token_seconds, max(seconds - decode, 1e-6) / prompt_tokens)
+        self._chunk_cost.add(prompt_tokens, max(seconds - decode, 1e-6))
 
     def _advance(self, run: _Running, token: int) -> Produced:
         run.count += 1
@@ -232,6 +233,39 @@ class Scheduler:
         del self._running[run.slot]
         self.model.release(run.slot)
         heapq.heappush(self._free, run.slot)
+
+
+def chunk_budget(decode_seconds: float, fixed: float, per_token: float) -> int:
+    """Prompt tokens for a step while others decode: as many as cost ``STALL`` decoding steps; where
+    chunks cost a fixed price beyond that anyway, as many as cost that price again (fewer, larger
+    stalls rather than many small ones)."""
+    spend = max(STALL * decode_seconds - fixed, fixed)
+    return max(MIN_CHUNK, min(MAX_CHUNK, int(spend / per_token)))
+
+
+class ChunkCost:
+    """What prompt tokens add to a step, fitted as ``fixed + per_token * tokens`` over the recent
+    steps (least squares, older steps weighing less). ``fixed`` matters where a step with chunks
+    runs slower machinery than a decoding-only one (an eager pass beside a CUDA graph)."""
+
+    def __init__(self) -> None:
+        self._weight = self._x = self._y = self._xx = self._xy = 0.0
+
+    def add(self, tokens: int, seconds: float) -> None:
+        keep = 1 - SMOOTHING
+        self._weight, self._x, self._y = keep * self._weight + 1, keep * self._x + tokens, keep * self._y + seconds
+        self._xx, self._xy = keep * self._xx + tokens * tokens, keep * self._xy + tokens * seconds
+
+    def fit(self) -> tuple[float, float] | None:
+        """``(fixed, per_token)`` seconds, or None before the first measurement."""
+        if not self._weight:
+            return None
+        mean_x, mean_y = self._x / self._weight, self._y / self._weight
+        spread = self._xx / self._weight - mean_x * mean_x
+        if spread <= (0.1 * mean_x) ** 2:  # chunks of about one size: no intercept to see
+            return 0.0, max(mean_y / mean_x, 1e-9)
+        per_token = max((self._xy / self._weight - mean_x * mean_y) / spread, 1e-9)
+        return max(0.0, mean_y - per_token * mean_x), per_token
 
 
 def _smoothed(previous: float | None, value: float) -> float:

@@ -1,0 +1,45 @@
+"""The scheduler's estimate of what prompt chunks cost, and the chunk size it picks from it."""
+
+import pytest
+
+from workers.scheduler import MAX_CHUNK, MIN_CHUNK, STALL, ChunkCost, chunk_budget
+
+
+def test_a_fixed_price_and_a_price_per_token_are_told_apart() -> None:
+    cost = ChunkCost()
+    for tokens in (64, 16, 200, 32, 128, 16, 64):
+        cost.add(tokens, 0.020 + 0.0001 * tokens)
+    fitted = cost.fit()
+    assert fitted is not None
+    assert fitted == (pytest.approx(0.020, rel=1e-6), pytest.approx(0.0001, rel=1e-6))
+
+
+def test_chunks_of_one_size_are_priced_per_token() -> None:
+    cost = ChunkCost()
+    assert cost.fit() is None
+    for _ in range(3):
+        cost.add(16, 0.008)
+    assert cost.fit() == (0.0, pytest.approx(0.0005))
+
+
+def test_newer_steps_weigh_more() -> None:
+    cost = ChunkCost()
+    for _ in range(30):
+        cost.add(32, 0.032)
+    for _ in range(30):
+        cost.add(32, 0.0032)  # the machine got faster
+    fitted = cost.fit()
+    assert fitted is not None and fitted[1] < 0.0002
+
+
+def test_budget_where_chunks_cost_only_per_token() -> None:
+    # a CPU: prompt tokens cost 1 ms each, a decoding step 40 ms: STALL steps' worth of tokens
+    assert chunk_budget(0.040, 0.0, 0.001) == int(STALL * 40)
+
+
+def test_budget_where_a_chunk_step_has_a_fixed_price() -> None:
+    # a GPU: a decoding step is a 6 ms graph, a step with chunks costs 20 ms more whatever its
+    # size, and 20 us per token: the step takes as many tokens as cost that price again
+    assert chunk_budget(0.006, 0.020, 0.00002) == MAX_CHUNK
+    assert chunk_budget(0.006, 0.020, 0.0002) == 100
+    assert chunk_budget(0.006, 0.0, 1.0) == MIN_CHUNK

@@ -51,6 +51,35 @@ class Timing:
         self.done.set()
 
 
+class Arrivals(Timing):
+    """A sink that notes when each token arrived."""
+
+    def __init__(self, started: float) -> None:
+        super().__init__(started)
+        self.times: list[float] = []
+
+    def on_token(self, seq: Sequence, token: int) -> None:
+        super().on_token(seq, token)
+        self.times.append(time.perf_counter())
+
+
+async def long_generation(spec: Any, cache: Path, prompt: list[int], tokens: int) -> tuple[float, float]:
+    """tokens/s over the first 100 and the last 100 tokens of one ``tokens``-token greedy generation
+    (no stop tokens: it runs to its budget), on an engine of its own."""
+    engine = Engine(loader.load(spec, cache))
+    runner = asyncio.create_task(engine.run())
+    try:
+        await engine.ready()
+        sink = Arrivals(time.perf_counter())
+        engine.submit(Sequence(prompt, tokens, RowSampler(SamplingParams()), [], sink))
+        await sink.done.wait()
+    finally:
+        runner.cancel()
+        engine.close()
+    times = sink.times
+    return 99 / (times[99] - times[0]), 99 / (times[-1] - times[-100])
+
+
 def user_message(text: str) -> wire.InputItem:
     return msgspec.convert({"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]},
                            wire.InputItem)  # type: ignore[arg-type]

@@ -1,6 +1,7 @@
 """What the model step costs, measured through the service: one stream against llama.cpp on the same
-GGUF file and thread count, a long generation's last tokens against its first, running streams while
-a long prompt joins, and a worker's cold start and warm restart (its compile cache).
+GGUF file and thread count, running streams while a long prompt joins, and a worker's cold start and
+warm restart (its model and compile caches). A long generation's last tokens against its first are
+measured on the engine in process (``bench.engine.long_generation``).
 """
 
 import asyncio
@@ -77,17 +78,7 @@ def llama_cpp_rates(spec: Any, cache: Path, prompt: list[int], tokens: int, thre
     return statistics.median(rates), statistics.median(firsts)
 
 
-# --- long generations, a long prompt joining ------------------------------------------------------
-
-
-async def long_generation(port: int, model: str, tokens: int = 1500) -> tuple[float, float, int]:
-    """tokens/s over the first 100 tokens and over the last 100 of one long greedy generation."""
-    times = await delta_times(port, model, COUNTING, tokens)
-    if len(times) < 300:
-        return 0.0, 0.0, len(times)
-    first = 99 / (times[99] - times[0])
-    last = 99 / (times[-1] - times[-100])
-    return first, last, len(times)
+# --- a long prompt joining ---------------------------------------------------------------------------
 
 
 async def joining_prompt(port: int, model: str, prompt_text: str, streams: int = 8) -> tuple[float, float, float]:

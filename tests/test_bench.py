@@ -34,3 +34,12 @@ def test_replication_benchmark_runs_and_reports_every_figure() -> None:
                     "TTFT p50, events on a replica", "writer flush round trip p50 / p99"):
             assert f"{phase}: {row}" in table, table
     assert "GAPS" not in table
+
+
+def test_engine_benchmark_runs_and_reports_every_figure() -> None:
+    result = subprocess.run([sys.executable, "-m", "bench.engine", "--model", "tiny-random", "--streams", "1", "2",
+                             "--tokens", "8", "--rounds", "1", "--compile", "off", "--baseline-tokens", "8"],
+                            capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    for row in ("transformers generate, 1 stream:", "eager: warmed up", "1 streams:", "2 streams:"):
+        assert row in result.stdout, result.stdout

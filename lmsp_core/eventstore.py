@@ -83,7 +83,9 @@ def reply_of(append: Append, answer: list[bytes | int]) -> AppendReply:
     if kind != "mismatch":
         raise ValueError(f"unknown reply of the append script: {answer!r}")
     events, tokens = int(answer[1]), int(answer[2])
-    # a log that holds this batch's events and tokens holds this batch: numbers and offsets only grow
+    # a log that reaches as far as this batch's events and tokens is taken to hold it (sent before,
+    # landed). A log another run extended as far looks the same; the run that sent the batch is then
+    # fenced at its next append (the lease check) or by its lease renewal, having written nothing
     landed = events >= append.last_id and tokens >= append.token_end
     return AppendReply(outcome=AppendOutcome.STORED_BEFORE if landed else AppendOutcome.DIVERGED,
                        stored_events=events, stored_tokens=tokens)

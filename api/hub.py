@@ -122,7 +122,9 @@ class EventHub:
     @staticmethod
     async def _next(link: _Link) -> tuple[_Link, Batch]:
         """The links after ``link`` that are there (waiting for the first): the last one and their events."""
-        link = await link.next
+        # shielded: cancelling a task cancels the future it awaits, and this one is every follower's
+        # (one client going away would end the others' streams and the feed with them)
+        link = await asyncio.shield(link.next)
         events = list(link.events)
         while link.next.done() and link.next.exception() is None:
             link = link.next.result()

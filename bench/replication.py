@@ -31,7 +31,7 @@ from bench.throughput import (
 )
 from lmsp_core import wire
 from lmsp_core.settings import Settings
-from lmsp_core.tasks import TaskStore
+from lmsp_core.tasks import ClaimOutcome, TaskStore
 from workers.writer import EventWriter
 
 FLUSHES = 200  # per setting and phase
@@ -94,7 +94,7 @@ async def flush_round_trip(stack: ReplicatedStack, api_port: int, table: Table, 
             assert record is not None
             problem = wire.Problem(type="about:blank", title="x", status=500, code="x", detail="x")
             claim = await store.claim(record, "bench", "bench-job", "bench/flush", problem)
-            assert claim.outcome == "claimed", claim
+            assert claim.outcome is ClaimOutcome.CLAIMED, claim
             run = BenchRun(record.id, "bench/flush", record.response_id)
             writer = EventWriter(redis, settings)
             writer.open(run, claim.last_event_id, 0)

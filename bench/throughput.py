@@ -45,10 +45,11 @@ from bench.stack import Stack, cpu_seconds, rss_bytes
 from lmsp_core import keys, wire
 from lmsp_core.catalog import Catalog
 from lmsp_core.chat import PromptRenderer
+from lmsp_core.eventstore import Final
 from lmsp_core.settings import Settings, load_settings
-from lmsp_core.tasks import TaskStore
+from lmsp_core.tasks import ClaimOutcome, TaskStore
 from workers import loader
-from workers.writer import EventWriter, Final
+from workers.writer import EventWriter
 
 UNSERVED = "bench-unserved"  # fan-out tasks: queued on a model no worker serves, written by this process
 TOPICS = ["a lighthouse keeper", "a lost violin", "the first winter on Mars", "a clockmaker's apprentice",
@@ -211,7 +212,7 @@ async def write_events(stack: Stack, settings: Settings, task: dict[str, Any], c
     lease = "bench/fan-out"
     claim = await store.claim(record, "bench", "bench-job", lease, wire.Problem(type="about:blank", title="x",
                                                                                  status=500, code="x", detail="x"))
-    assert claim.outcome == "claimed", claim
+    assert claim.outcome is ClaimOutcome.CLAIMED, claim
     writer = EventWriter(redis, settings)
     run = BenchRun(task["id"], lease, record.response_id)
     writer.open(run, claim.last_event_id, 0)

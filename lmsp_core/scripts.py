@@ -3,6 +3,10 @@
 Each script touches only the keys of one task (one hash tag), so it runs unchanged on Redis
 Cluster. Time comes from the Redis server (``TIME``), so leases do not depend on host clocks.
 Events go into the stream in their stored form (``eventlog.pack``): callers pack the data.
+
+Each script has one caller, which builds its arguments and turns its reply into a typed result:
+``tasks.TaskStore`` (CLAIM, CANCEL, RENEW, RELEASE, REQUEUE), ``eventstore.EventStore`` (APPEND)
+and ``taskindex.ActiveIndex`` (INDEX_ADD, INDEX_TAKE). Nothing else calls them.
 """
 
 from lmsp_core import wire
@@ -44,17 +48,18 @@ end
 # ARGV: lease, first_id, n_events, token_bytes, token_offset, lease_ttl_ms,
 #       final ('1' or ''), status, response_json, error_json, event_ttl_ms, task_ttl_ms,
 #       then n_events pairs of (event code, stored data): eventlog.pack
-# Returns {1, cancel_requested}; {-2, last_event_id, tokens_stored} when the batch does not follow
-# what is stored (already applied, or written by someone else); {-1, 0, 0} when the lease is not
-# ours. The order of the checks lets a writer recognise a batch it sent before and that did land.
+# Returns {'appended', cancel_requested}; {'mismatch', last_event_id, tokens_stored} when the batch
+# does not follow what is stored (already applied, or written by someone else); {'not_held'} when
+# the lease is not ours. The order of the checks lets a writer recognise a batch it sent before and
+# that did land. The caller is ``eventstore.EventStore``, which types the reply (``reply_of``).
 APPEND = (
     _NOW_MS
     + _FINALIZE
     + """
 local last = tonumber(redis.call('HGET', KEYS[1], 'last_event_id') or '0')
 local stored = redis.call('STRLEN', KEYS[3]) / 4
-if tonumber(ARGV[2]) ~= last + 1 or tonumber(ARGV[5]) ~= stored then return {-2, last, stored} end
-if redis.call('HGET', KEYS[1], 'lease') ~= ARGV[1] then return {-1, 0, 0} end
+if tonumber(ARGV[2]) ~= last + 1 or tonumber(ARGV[5]) ~= stored then return {'mismatch', last, stored} end
+if redis.call('HGET', KEYS[1], 'lease') ~= ARGV[1] then return {'not_held'} end
 local n = tonumber(ARGV[3])
 for i = 0, n - 1 do
   add_event(last + 1 + i, ARGV[13 + 2 * i], ARGV[14 + 2 * i])
@@ -62,10 +67,10 @@ end
 if ARGV[4] ~= '' then redis.call('APPEND', KEYS[3], ARGV[4]) end
 if ARGV[7] == '1' then
   finalize(ARGV[8], ARGV[9], ARGV[10], ARGV[11], ARGV[12])
-  return {1, 0}
+  return {'appended', 0}
 end
 redis.call('HSET', KEYS[1], 'lease_until', now_ms + tonumber(ARGV[6]))
-return {1, redis.call('HEXISTS', KEYS[1], 'cancel')}
+return {'appended', redis.call('HEXISTS', KEYS[1], 'cancel')}
 """
 )
 

@@ -8,6 +8,7 @@ a lapsed lease lets another worker claim the task and resume it. Every task is a
 model's index of unfinished tasks (``taskindex``), where reapers find tasks nobody runs any more.
 """
 
+import enum
 from typing import Any, Literal
 
 import msgspec
@@ -115,14 +116,28 @@ def _record(raw: dict[bytes, bytes]) -> TaskRecord:
     return msgspec.convert(data, TaskRecord)
 
 
-class Claim(msgspec.Struct, frozen=True):
-    """Outcome of a worker's claim on a task."""
+class ClaimOutcome(enum.StrEnum):
+    CLAIMED = "claimed"  # the job's run holds the task now
+    EXHAUSTED = "exhausted"  # claimed max_attempts times before: failed now (worker_lost)
+    HELD = "held"  # another run holds it under a live lease
+    FINAL = "final"  # it has ended
+    MISSING = "missing"  # no such task (expired)
 
-    outcome: str  # "claimed", "exhausted", "missing", or the status that prevented the claim
+
+class Claim(msgspec.Struct, frozen=True):
+    """Outcome of a worker's claim on a task, and what a claimed task's run resumes from."""
+
+    outcome: ClaimOutcome
     last_event_id: int = 0
     attempts: int = 0
     cancel_requested: bool = False
-    worker: str | None = None  # the worker that claimed it last
+
+
+class CancelOutcome(enum.StrEnum):
+    DEQUEUED = "dequeued"  # it was queued: cancelled now, its log ends with response.cancelled
+    STOPPING = "stopping"  # it runs: its worker stops it within a few tokens (the cancel flag)
+    FINAL = "final"  # it had ended: left as it is
+    MISSING = "missing"
 
 
 class TaskStore:
@@ -209,9 +224,8 @@ class TaskStore:
         raw = await self.redis.hgetall(keys.task(task_id))  # type: ignore[misc]
         return _record(raw) if raw else None
 
-    async def cancel(self, record: TaskRecord) -> str:
-        """Cancel a task; returns the status after the call: ``cancelled`` for a task that was queued,
-        ``in_progress`` for a running one (its worker stops it), else its final status or ``missing``."""
+    async def cancel(self, record: TaskRecord) -> CancelOutcome:
+        """Cancel a task (``scripts.CANCEL``): a queued one at once, a running one by its worker."""
         _, data = eventlog.pack(wire.CANCELLED, wire.encoder.encode(
             wire.ResponseCancelled(response_id=record.response_id, status="cancelled")), record.response_id)
         response = wire.encoder.encode(cancelled_response(record))
@@ -221,8 +235,10 @@ class TaskStore:
         if status == "dequeued":  # only the call that cancelled it counts it
             await queue.withdraw(self.redis, record.job or record.id, record.model)
             await metrics.add_now(self.redis, metrics.FINISHED, (record.model, "cancelled"))
-            return "cancelled"
-        return str(status)
+            return CancelOutcome.DEQUEUED
+        if status == "in_progress":
+            return CancelOutcome.STOPPING
+        return CancelOutcome.MISSING if status == "missing" else CancelOutcome.FINAL
 
     async def claim(self, record: TaskRecord, worker_id: str, job_id: str, lease: str,
                     failure: wire.Problem) -> Claim:
@@ -238,9 +254,11 @@ class TaskStore:
                   wire.encoder.encode(failure), self.event_ttl_ms, self.task_ttl_ms, worker_id, job_id],
         )
         outcome = result[0].decode()
-        if outcome != "claimed":
-            return Claim(outcome)
-        return Claim(outcome, int(result[1]), int(result[2]), bool(result[3]))
+        if outcome == "claimed":
+            return Claim(ClaimOutcome.CLAIMED, int(result[1]), int(result[2]), bool(result[3]))
+        if outcome in ("exhausted", "missing"):
+            return Claim(ClaimOutcome(outcome))
+        return Claim(ClaimOutcome.HELD if outcome == "in_progress" else ClaimOutcome.FINAL)
 
     async def renew(self, leases: dict[str, str]) -> set[str]:
         """Extend held leases; returns the ids of tasks whose lease is no longer ours."""

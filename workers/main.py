@@ -153,12 +153,12 @@ async def _shut_down(settings: Settings, service: WorkerService, workers: list[W
                      polling: list[asyncio.Task[None]]) -> None:
     logger.info("stopping: %d running tasks", len(service.runs))
     for worker in workers:
-        worker.allow_pick_jobs = False
+        worker.stop_taking_jobs()
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(service.idle(), settings.shutdown_grace)
-    jobs = [task for worker in workers for task in worker.tasks.values()]
+    jobs = [task for worker in workers for task in worker.running_jobs()]
     for worker in workers:
-        worker.handle_sig(signal.SIGTERM)  # cancels running jobs: each hands its task back
+        worker.cancel_jobs()  # each hands its task back
     await asyncio.gather(*jobs, return_exceptions=True)
     for task in polling:
         task.cancel()

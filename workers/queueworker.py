@@ -13,11 +13,17 @@ queued meanwhile with a better score.
 arq's poll loop ends on the first Redis error, and a Redis error while it starts a job leaks that
 job's slot; both would leave a worker that looks alive but never takes a job again after Redis
 restarts. ``WakeableWorker`` keeps polling through errors and gives leaked slots back.
+
+This is the one module that knows arq's internals: the methods it overrides and the attributes it
+uses (``ARQ_INTERNALS``) are not arq's public API. ``tests/unit/test_queueworker.py`` fails, naming
+the change, when an arq release renames or reshapes one of them; docs/queue.md says which parts of
+arq the service uses and which it switches off.
 """
 
 import asyncio
 import contextlib
 import logging
+import signal
 from typing import Any
 
 from arq.worker import Worker
@@ -30,6 +36,16 @@ logger = logging.getLogger(__name__)
 
 FALLBACK_POLL = 1.0
 RESUBSCRIBE_DELAY = 0.5
+
+# arq.worker.Worker's non-public parts this module relies on (arq 0.28): methods overridden or
+# called, with their parameters, and attributes read or changed
+ARQ_INTERNALS: dict[str, tuple[str, ...]] = {
+    "_poll_iteration": ("self",),  # one poll: read the queue, start jobs, reap finished tasks
+    "start_jobs": ("self", "job_ids"),  # takes a slot (sem, job_counter) per job before its Redis calls
+    "_release_sem_dec_counter_on_complete": ("self",),  # called when a started job's task ends
+    "handle_sig": ("self", "signum"),  # cancels the running jobs (shutdown)
+}
+ARQ_ATTRIBUTES = ("sem", "job_counter", "max_jobs", "tasks", "allow_pick_jobs", "queue_name")
 
 
 class WakeableWorker(Worker):
@@ -73,6 +89,18 @@ class WakeableWorker(Worker):
     def _release_sem_dec_counter_on_complete(self) -> None:
         super()._release_sem_dec_counter_on_complete()
         self.wake.set()  # a slot is free: take the best queued job now
+
+    # --- shutting down (workers/main.py) ---------------------------------------------------------
+
+    def stop_taking_jobs(self) -> None:
+        self.allow_pick_jobs = False
+
+    def running_jobs(self) -> list[asyncio.Task[Any]]:
+        return list(self.tasks.values())
+
+    def cancel_jobs(self) -> None:
+        """Cancel the running jobs (each hands its task back); arq keeps their jobs queued."""
+        self.handle_sig(signal.SIGTERM)
 
 
 async def listen_for_wakes(redis: Redis, wakes: dict[str, asyncio.Event]) -> None:

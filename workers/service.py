@@ -20,7 +20,7 @@ from redis.exceptions import RedisError
 from lmsp_core import metrics, queue, registry
 from lmsp_core.errors import GenerationFailed
 from lmsp_core.settings import Settings
-from lmsp_core.tasks import TaskStore
+from lmsp_core.tasks import ClaimOutcome, TaskStore
 from workers.taskrun import ModelRuntime, TaskRun, load_history
 from workers.writer import EventWriter
 
@@ -60,10 +60,10 @@ class WorkerService:
             f"The task was given up after {self.settings.max_attempts} attempts: its worker stopped each time.",
             code="worker_lost").problem()
         claim = await self.store.claim(record, self.info.id, job_id, lease, failure)
-        if claim.outcome == "exhausted":
+        if claim.outcome is ClaimOutcome.EXHAUSTED:
             self.metrics.count(metrics.FINISHED, (record.model, "failed"))
-        if claim.outcome != "claimed":
-            return claim.outcome
+        if claim.outcome is not ClaimOutcome.CLAIMED:
+            return claim.outcome.value
         if claim.attempts == 1:
             self.metrics.observe(metrics.QUEUE_TIME, (record.model,), max(0.0, time.time() - record.created_at))
         run = TaskRun(record, runtime, self.writer, self.settings, lease, self.metrics)

@@ -19,10 +19,11 @@ import llguidance
 import msgspec
 from redis.asyncio import Redis
 
-from lmsp_core import eventlog, extensions, grammars, keys, metrics, wire
+from lmsp_core import eventlog, eventstore, extensions, grammars, metrics, wire
 from lmsp_core.catalog import ModelSpec
 from lmsp_core.chat import PromptRenderer
 from lmsp_core.errors import GenerationFailed, LmspError
+from lmsp_core.eventstore import Final
 from lmsp_core.settings import Settings
 from lmsp_core.tasks import TaskRecord
 from lmsp_core.validation import check_request, output_budget
@@ -33,7 +34,7 @@ from workers.output import Mode, OutputAssembler
 from workers.pipeline import OutputPipeline
 from workers.reasoning import ReasoningConstraint, closing_tokens
 from workers.sampling import LogitsConstraint, RowSampler, SamplingParams
-from workers.writer import EventWriter, Final, unpack_tokens
+from workers.writer import EventWriter
 
 logger = logging.getLogger(__name__)
 
@@ -72,7 +73,7 @@ async def load_history(redis: Redis, task_id: str, response_id: str, last_event_
         after = chunk[-1].id
         history.items += [msgspec.json.decode(e.data, type=wire.OutputItemAdded).item
                           for e in chunk if e.name == wire.ITEM_ADDED]
-    history.tokens = tuple(unpack_tokens(await redis.get(keys.tokens(task_id)) or b""))
+    history.tokens = await eventstore.read_tokens(redis, task_id)
     return history
 
 

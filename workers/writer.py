@@ -2,10 +2,11 @@
 
 Runs add events and token checkpoints as tokens arrive; the writer numbers the events. A flush
 sends every task's pending batches, each as one call of the append script, all in one pipeline,
-so round trips do not grow with tokens x streams. A batch that failed to send stays queued and is
-sent again; a batch that Redis applied although its answer was lost (the connection dropped) is
-recognised by its event number and token offset and counted as done. The script's answer also
-carries the task's cancel flag, so a worker learns of a cancellation without polling.
+so round trips do not grow with tokens x streams. The call, its arguments and its typed reply are
+``lmsp_core.eventstore``'s. A batch that failed to send stays queued and is sent again; a batch
+that Redis applied although its answer was lost (the connection dropped) is recognised by its event
+number and token offset and counted as done. The script's answer also carries the task's cancel
+flag, so a worker learns of a cancellation without polling.
 
 With replicas to wait for (``redis_wait_replicas``), the pipeline ends with ``WAIT``: a batch counts
 as stored once a replica holds it too (or the wait timed out, or no replica is online: see
@@ -16,7 +17,6 @@ the same bytes under the same numbers, to the new primary (docs/reliability.md).
 
 import asyncio
 import logging
-import struct
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -24,7 +24,8 @@ from typing import Protocol
 from redis.asyncio import Redis
 from redis.exceptions import NoScriptError, RedisError
 
-from lmsp_core import connections, eventlog, keys, scripts
+from lmsp_core import connections
+from lmsp_core.eventstore import Append, AppendOutcome, AppendReply, EventStore, Final, reply_of
 from lmsp_core.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -51,13 +52,6 @@ class Writable(Protocol):
     def on_final_durable(self) -> None: ...
 
 
-@dataclass(frozen=True)
-class Final:
-    status: str
-    response: bytes
-    error: bytes = b""
-
-
 @dataclass
 class _Batch:
     first_id: int
@@ -67,13 +61,11 @@ class _Batch:
     final: Final | None = None
     sent: bool = False
 
-    @property
-    def last_id(self) -> int:
-        return self.first_id + len(self.events) - 1
-
-    @property
-    def token_end(self) -> int:
-        return self.token_offset + len(self.tokens)
+    def call(self, owner: Writable) -> Append:
+        """The append script's call for this batch as it stands."""
+        return Append(task_id=owner.task_id, response_id=owner.response_id, lease=owner.lease,
+                      first_id=self.first_id, events=tuple(self.events), token_offset=self.token_offset,
+                      tokens=tuple(self.tokens), final=self.final)
 
 
 @dataclass
@@ -91,19 +83,11 @@ class _Log:
         return self.batches[-1]
 
 
-def pack_tokens(tokens: list[int]) -> bytes:
-    return struct.pack(f"<{len(tokens)}I", *tokens)
-
-
-def unpack_tokens(raw: bytes) -> list[int]:
-    return list(struct.unpack(f"<{len(raw) // 4}I", raw))
-
-
 class EventWriter:
     def __init__(self, redis: Redis, settings: Settings) -> None:
         self.redis = redis
         self.settings = settings
-        self._append = redis.register_script(scripts.APPEND)
+        self._store = EventStore(redis, settings)
         self._logs: dict[str, _Log] = {}
         self._dirty = asyncio.Event()
         self._flushed = asyncio.Condition()
@@ -171,7 +155,7 @@ class EventWriter:
                     # Redis came back, maybe as another server (a promoted replica) or without its
                     # scripts: load ours first rather than learn it from NOSCRIPT answers, which
                     # would cost a whole flush (and its WAIT) for nothing
-                    await self.redis.script_load(scripts.APPEND)
+                    await self._store.load_script()
                 await self.flush()
                 failures = 0
             except (RedisError, OSError) as exc:
@@ -186,13 +170,13 @@ class EventWriter:
         if not sending:
             return
         wait = await self._replicas.command(self.redis)
+        appends: list[Append] = []
         async with self.redis.pipeline(transaction=False) as pipe:
             for log, batch in sending:
+                # from here until its answer is settled the batch does not change: runs add to a new one
                 batch.sent = True
-                task_keys = keys.script_keys(log.owner.task_id)
-                # EVALSHA straight into the pipeline: redis-py's Script would ask SCRIPT EXISTS first,
-                # a second round trip per flush; a Redis that lost its scripts answers NOSCRIPT
-                pipe.execute_command("EVALSHA", self._append.sha, len(task_keys), *task_keys, *self._args(log, batch))
+                appends.append(batch.call(log.owner))
+                self._store.add_to(pipe, appends[-1])
             if wait is not None:
                 pipe.execute_command(*wait)
             try:
@@ -203,9 +187,9 @@ class EventWriter:
                 raise
         self._note_replicas(results.pop() if wait is not None else None)
         if any(isinstance(result, NoScriptError) for result in results):
-            await self.redis.script_load(scripts.APPEND)  # a restarted Redis: those batches go again
-        for (log, batch), result in zip(sending, results, strict=True):
-            self._settle(log, batch, result)
+            await self._store.load_script()  # a restarted Redis: those batches go again
+        for (log, batch), append, result in zip(sending, appends, results, strict=True):
+            self._settle(log, batch, result if isinstance(result, Exception) else reply_of(append, result))
         async with self._flushed:
             self._flushed.notify_all()
         failed = next((r for r in results if isinstance(r, Exception) and not isinstance(r, NoScriptError)), None)
@@ -224,18 +208,7 @@ class EventWriter:
             logger.info("events reach the replicas again")
         self._replicas_short = short
 
-    def _args(self, log: _Log, batch: _Batch) -> list[str | bytes | int]:
-        final = batch.final or Final("", b"")
-        args: list[str | bytes | int] = [
-            log.owner.lease, batch.first_id, len(batch.events), pack_tokens(batch.tokens), batch.token_offset,
-            int(self.settings.lease_ttl * 1000), "1" if batch.final else "", final.status, final.response,
-            final.error, int(self.settings.event_retention * 1000), int(self.settings.task_retention * 1000),
-        ]
-        for name, data in batch.events:
-            args += eventlog.pack(name, data, log.owner.response_id)
-        return args
-
-    def _settle(self, log: _Log, batch: _Batch, result: object) -> None:
+    def _settle(self, log: _Log, batch: _Batch, result: AppendReply | Exception) -> None:
         if self._logs.get(log.owner.task_id) is not log or batch not in log.batches:
             return
         if isinstance(result, Exception):
@@ -244,11 +217,12 @@ class EventWriter:
             batch.sent = False
             self._dirty.set()
             return
-        assert isinstance(result, list)
-        answer = [int(value) for value in result]
-        landed_before = answer[0] == -2 and answer[1] >= batch.last_id and answer[2] >= batch.token_end
-        if answer[0] != 1 and not landed_before:
-            logger.warning("task %s: lease lost (append answered %s); stopping", log.owner.task_id, answer)
+        if not result.stored:
+            if result.outcome is AppendOutcome.FENCED:
+                logger.warning("task %s: lease lost; stopping", log.owner.task_id)
+            else:
+                logger.warning("task %s: the stored log (%s events, %s tokens) is not this run's; stopping",
+                               log.owner.task_id, result.stored_events, result.stored_tokens)
             self.close(log.owner.task_id)
             log.owner.on_fenced()
             return
@@ -256,6 +230,6 @@ class EventWriter:
         if batch.final is not None:
             self.close(log.owner.task_id)
             log.owner.on_final_durable()
-        elif answer[0] == 1 and answer[1] == 1:
+        elif result.cancel_requested:
             log.owner.on_cancel_requested()
 

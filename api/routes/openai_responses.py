@@ -28,7 +28,7 @@ from api.submit import submit
 from lmsp_core import eventlog, ids, tokens, wire
 from lmsp_core.conversations import StoredResponse
 from lmsp_core.errors import Forbidden, GenerationFailed, Gone, InvalidRequest, LmspError, NotFound
-from lmsp_core.tasks import Kind, TaskRecord
+from lmsp_core.tasks import CancelOutcome, Kind, TaskRecord
 from lmsp_core.tokens import Identity
 
 CANCEL_WAIT = 3.0  # as POST /lmsp/v1/tasks/{id}/cancel
@@ -133,7 +133,7 @@ class OpenAIResponsesController(Controller):
         if record.kind != "task":
             raise InvalidRequest("Only background responses can be cancelled; a direct response stops when its "
                                  "client disconnects.", code="not_cancellable")
-        if await services.store.cancel(record) == "in_progress":
+        if await services.store.cancel(record) is CancelOutcome.STOPPING:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(_until_final(services, record), CANCEL_WAIT)
         return _json(response_object(ResponseView(await services.store.get(record.id) or record)))

@@ -24,7 +24,7 @@ from api.sse import relay
 from api.submit import submit
 from lmsp_core import connections, eventlog, ids, tokens, wire
 from lmsp_core.errors import Gone, InvalidRequest, NotFound
-from lmsp_core.tasks import ListCursor, TaskRecord
+from lmsp_core.tasks import CancelOutcome, ListCursor, TaskRecord
 
 CANCEL_WAIT = 3.0  # how long cancel waits for a running task to stop before answering
 MAX_PAGE = 100
@@ -119,7 +119,7 @@ class TasksController(Controller):
         record = await load_task(services, task_id, owner)
         status = await services.store.cancel(record)
         await connections.replicated(services.redis, services.replicas)
-        if status == "in_progress":
+        if status is CancelOutcome.STOPPING:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(_until_final(services, record), CANCEL_WAIT)
         return (await load_task(services, task_id, owner)).to_wire()

@@ -40,13 +40,15 @@ def _parent(pid: int) -> int:
 
 async def _children(redis: aioredis.Redis, supervisor: int, count: int, exclude: set[int] = frozenset(),
                     timeout: float = 120) -> dict[int, str]:
-    """Worker pids registered in Redis whose parent is the supervisor -> their CUDA_VISIBLE_DEVICES."""
+    """Ready workers (model loaded and warmed up) registered in Redis whose parent is the supervisor
+    -> their CUDA_VISIBLE_DEVICES."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         found = {}
         for key in await redis.keys("lmsp:worker:*"):
             raw = await redis.get(key)
-            pid = msgspec.json.decode(raw)["pid"] if raw else 0
+            info = msgspec.json.decode(raw) if raw else {}
+            pid = info.get("pid", 0) if info.get("state", "ready") == "ready" else 0
             if pid and pid not in exclude and Path(f"/proc/{pid}").exists() and _parent(pid) == supervisor:
                 found[pid] = _environ(pid).get("CUDA_VISIBLE_DEVICES", "")
         if len(found) >= count:

@@ -92,7 +92,7 @@ def _sse(events: list[tuple[int | None, str, Any]]) -> str:
 
 EVENT_STREAM = _sse(_EVENTS)
 # the queue position of a waiting task is a comment line (an event only with ?queue_events=true)
-TASK_EVENT_STREAM = ": queued 2\n" + _sse(_EVENTS)
+TASK_EVENT_STREAM = ": queued 2\n\n" + _sse(_EVENTS)
 
 _PROBLEMS: dict[str, tuple[int, str, str]] = {
     "invalid_request": (400, "Invalid request", "Object missing required field `model` - at `$`"),

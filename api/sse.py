@@ -54,9 +54,9 @@ async def queued_notice(services: Services, record: TaskRecord, kind: QueueNotic
     if position is None:
         return None
     if kind == QUEUE_COMMENTS:
-        # one line, no blank line after it: parsers that turn a comment block into an empty event
-        # (httpx-sse) see nothing either
-        return b": queued %d\n" % position
+        # a block of its own, as the keep-alives: parsers that split the stream at blank lines
+        # never find it glued to the next event
+        return b": queued %d\n\n" % position
     return frame(wire.QUEUED, msgspec.json.encode(wire.TaskQueued(task_id=record.id, queue_position=position)))
 
 

@@ -2,8 +2,8 @@
 
 Stored events go out as they are: ``id`` is the event number, ``event`` its name, ``data`` the
 stored JSON, so every event has an id (6.3). Comments keep idle connections open. While a task
-waits in its queue, a tasks stream also tells its queue position: as a comment line
-(``: queued 3``) by default, which no SSE parser turns into an event; as a ``task.queued`` event
+waits in its queue, a tasks stream also tells its queue position: as a comment (``: queued 3``,
+a block of its own like a keep-alive) by default, which is no event; as a ``task.queued`` event
 without id only for a client that asked for them (``?queue_events=true``), since it is not part of
 the task's log. If Redis goes away mid-stream, an ``error`` event ends the stream.
 

@@ -91,7 +91,8 @@ def _sse(events: list[tuple[int | None, str, Any]]) -> str:
 
 
 EVENT_STREAM = _sse(_EVENTS)
-TASK_EVENT_STREAM = _sse([(None, wire.QUEUED, wire.TaskQueued(task_id=TASK_ID, queue_position=2)), *_EVENTS])
+# the queue position of a waiting task is a comment line (an event only with ?queue_events=true)
+TASK_EVENT_STREAM = ": queued 2\n\n" + _sse(_EVENTS)
 
 _PROBLEMS: dict[str, tuple[int, str, str]] = {
     "invalid_request": (400, "Invalid request", "Object missing required field `model` - at `$`"),

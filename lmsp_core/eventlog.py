@@ -18,6 +18,9 @@ from redis.asyncio import Redis
 from lmsp_core import keys, wire
 
 READ_CHUNK = 512
+# the sequence part of a stream entry id is an unsigned 64-bit integer: no event number, so no
+# cursor, can be larger (Redis refuses such an id in XRANGE / XREAD)
+MAX_EVENT_ID = 2**64 - 1
 
 # one-letter codes of the events a task's log holds; any other name is stored as it is (names
 # with a dot never collide with a code)

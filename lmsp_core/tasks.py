@@ -9,6 +9,7 @@ model's index of unfinished tasks (``taskindex``), where reapers find tasks nobo
 """
 
 import enum
+from collections.abc import Sequence
 from typing import Any, Literal
 
 import msgspec
@@ -241,13 +242,13 @@ class TaskStore:
         return CancelOutcome.MISSING if status == "missing" else CancelOutcome.FINAL
 
     async def claim(self, record: TaskRecord, worker_id: str, job_id: str, lease: str,
-                    failure: wire.Problem) -> Claim:
+                    failure: wire.Problem, output: Sequence[wire.OutputItem] = ()) -> Claim:
         """Take a queued task, or one whose lease has lapsed, for the arq job ``job_id``. After
-        ``max_attempts`` claims the task fails with ``failure`` instead, so a task that kills its
-        worker cannot loop forever."""
-        _, failed_data = eventlog.pack(wire.FAILED, wire.encoder.encode(
-            wire.ResponseFailed(response_id=record.response_id, status="failed", error=failure)), record.response_id)
-        failed_response = wire.encoder.encode(failed_response_object(record, failure))
+        ``max_attempts`` claims the task fails with ``failure`` instead, with ``output`` (what its
+        stored events delivered), so a task that kills its worker cannot loop forever."""
+        _, failed_data = eventlog.pack(wire.FAILED, wire.encoder.encode(wire.ResponseFailed(
+            response_id=record.response_id, status="failed", error=failure, output=list(output))), record.response_id)
+        failed_response = wire.encoder.encode(failed_response_object(record, failure, output))
         result = await self._claim(
             keys=keys.script_keys(record.id),
             args=[lease, self.lease_ttl_ms, self.settings.max_attempts, failed_data, failed_response,
@@ -287,6 +288,7 @@ def cancelled_response(record: TaskRecord) -> wire.Response:
                          model=record.model, output=[], usage=None)
 
 
-def failed_response_object(record: TaskRecord, problem: wire.Problem) -> wire.Response:
+def failed_response_object(record: TaskRecord, problem: wire.Problem,
+                           output: Sequence[wire.OutputItem] = ()) -> wire.Response:
     return wire.Response(id=record.response_id, created_at=int(record.created_at), status="failed",
-                         model=record.model, output=[], usage=None, error=problem)
+                         model=record.model, output=list(output), usage=None, error=problem)

@@ -8,12 +8,16 @@ included), as the spec's examples show.
 from typing import Annotated, Any, Literal
 
 import msgspec
-from msgspec import Meta, Struct
+from msgspec import UNSET, Meta, Struct, UnsetType
 
 # Size limits (input items, content parts, tools, text length) are settings, checked after decoding
 # by ``validation.check_limits`` so that each has its own problem code; the body size caps decoding.
 
 Text = str
+# an output item's ``status`` is there only on an item that a failure cut short ("incomplete"); input
+# items accept it (and ignore it), so that output items can be sent back as they were returned
+ItemStatus = Literal["incomplete"]
+InputItemStatus = Literal["in_progress", "completed", "incomplete"]
 ToolName = Annotated[str, Meta(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
 ObjectId = Annotated[str, Meta(min_length=1, max_length=128)]
 
@@ -65,6 +69,7 @@ class Message(_In, tag="message", frozen=True):
     role: Literal["system", "user", "assistant"]
     content: list[ContentPart]
     id: ObjectId | None = None
+    status: InputItemStatus | UnsetType = UNSET
 
 
 class FunctionCall(_In, tag="function_call", frozen=True):
@@ -72,6 +77,7 @@ class FunctionCall(_In, tag="function_call", frozen=True):
     name: ToolName
     arguments: Text
     id: ObjectId | None = None
+    status: InputItemStatus | UnsetType = UNSET
 
 
 class FunctionCallOutput(_In, tag="function_call_output", frozen=True):
@@ -83,6 +89,7 @@ class FunctionCallOutput(_In, tag="function_call_output", frozen=True):
 class Reasoning(_In, tag="reasoning", frozen=True):
     summary: list[SummaryText]
     id: ObjectId | None = None
+    status: InputItemStatus | UnsetType = UNSET
 
 
 InputItem = Message | FunctionCall | FunctionCallOutput | Reasoning
@@ -173,6 +180,7 @@ class OutputMessage(_Out, tag="message", frozen=True):
     id: str
     role: Literal["assistant"] = "assistant"
     content: list[OutputTextPart] = msgspec.field(default_factory=list)
+    status: ItemStatus | UnsetType = UNSET
 
 
 class OutputFunctionCall(_Out, tag="function_call", frozen=True):
@@ -180,6 +188,7 @@ class OutputFunctionCall(_Out, tag="function_call", frozen=True):
     call_id: str
     name: str
     arguments: str
+    status: ItemStatus | UnsetType = UNSET
 
 
 class SummaryTextPart(_Out, tag="summary_text", frozen=True):
@@ -189,6 +198,7 @@ class SummaryTextPart(_Out, tag="summary_text", frozen=True):
 class OutputReasoning(_Out, tag="reasoning", frozen=True):
     id: str
     summary: list[SummaryTextPart] = msgspec.field(default_factory=list)
+    status: ItemStatus | UnsetType = UNSET
 
 
 OutputItem = OutputMessage | OutputFunctionCall | OutputReasoning
@@ -277,6 +287,8 @@ class ResponseFailed(Struct, frozen=True, kw_only=True):
     response_id: str
     status: ResponseStatus
     error: Problem
+    # what the stream delivered before the failure (docs/protocol.md): the failed response's output
+    output: list[OutputItem] = msgspec.field(default_factory=list)
 
 
 class ResponseCancelled(Struct, frozen=True, kw_only=True):
@@ -289,7 +301,8 @@ class ErrorEventData(Struct, frozen=True, kw_only=True):
 
 
 class TaskQueued(Struct, frozen=True, kw_only=True):
-    """Extra event (no id, not part of the task's log) sent while a task waits in its queue."""
+    """Extra event (no id, not part of the task's log) sent while a task waits in its queue, only to a
+    client that asks for it (``?queue_events=true``); others get the position as a comment line."""
 
     task_id: str
     status: Literal["queued"] = "queued"

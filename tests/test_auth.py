@@ -1,5 +1,6 @@
 """Bearer tokens, scopes per route, object-level access, LMSP_AUTH=none only on loopback, `lmsp token`."""
 
+import re
 import subprocess
 import sys
 from typing import Any
@@ -63,6 +64,18 @@ def test_every_route_declares_its_scope() -> None:
     ours = {(method, path): scope for (method, path), scope in declared.items() if not path.startswith("/schema")}
     assert ours == {(method, path): scope for method, path, scope in ROUTES + OPENAI_ROUTES}
     assert all(scope is None for (_, path), scope in declared.items() if path.startswith("/schema"))
+
+
+def test_the_scope_table_of_the_protocol_doc_tells_the_truth() -> None:
+    """docs/protocol.md lists each route with the scope it needs; the list above is checked against
+    the app's routes."""
+    text = (ROOT / "docs" / "protocol.md").read_text()
+    table = text[text.index("**Scopes per route.**"):text.index("**`LMSP_AUTH`.**")]
+    documented = {}
+    for method, path, scope in re.findall(r"^\| `(GET|POST) (\S+)`[^|]* \| (`[a-z]+:[a-z]+`|public)", table, re.M):
+        documented[(method, path)] = None if scope == "public" else scope.strip("`")
+    assert documented == {(method, path): scope for method, path, scope in ROUTES + OPENAI_ROUTES}
+    assert "no route needs" not in text
 
 
 def _request(method: str, path: str) -> tuple[str, str, dict[str, Any]]:

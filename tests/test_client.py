@@ -62,7 +62,7 @@ async def test_async_events_resume_across_cut_connections(api: Api, tiny_worker:
 async def test_resume_from_a_cursor_and_queue_notices_do_not_move_it(api: Api, tiny_worker: Worker) -> None:
     async with AsyncClient(api.url) as client:
         queued = await client.tasks.create(model="tiny-unserved", input="Hello")
-        follow = client.tasks.events(queued.id)
+        follow = client.tasks.events(queued.id, queue_events=True)
         seen: list[Event] = []
         async for event in follow:
             seen.append(event)
@@ -71,6 +71,18 @@ async def test_resume_from_a_cursor_and_queue_notices_do_not_move_it(api: Api, t
                 assert isinstance(event.data, wire.TaskQueued) and event.data.queue_position
                 await client.tasks.cancel(queued.id)
         assert [(e.id, e.name) for e in seen if e.id] == [(1, wire.CANCELLED)]
+
+        # not asked for, the queue position comes as comments: only the log's events, each with its id
+        waiting = await client.tasks.create(model="tiny-unserved", input="Hello")
+
+        async def cancel_later() -> None:
+            await asyncio.sleep(2.5)  # past two keep-alives (1 s), each followed by the position
+            await client.tasks.cancel(waiting.id)
+
+        canceller = asyncio.create_task(cancel_later())
+        plain = [(e.id, e.name) async for e in client.tasks.events(waiting.id)]
+        await canceller
+        assert plain == [(1, wire.CANCELLED)]
 
         task = await client.tasks.create(model="tiny-random", input="Hello", max_output_tokens=20)
         full = [event async for event in client.tasks.events(task.id) if event.id is not None]

@@ -11,6 +11,7 @@ import os
 import signal
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest_asyncio
 
@@ -23,7 +24,8 @@ from tests.test_tasks import logged
 ONE = "tiny-one"
 TIMED = "tiny-timeout"
 MODELS = [tiny(ONE, max_batch_size=1),
-          tiny(TIMED, max_batch_size=1, context_window=65536, max_output_tokens=60000)]
+          tiny(TIMED, max_batch_size=1, context_window=65536, max_output_tokens=60000,
+               capabilities=["streaming", "conversations"])]
 TIME_LIMIT = 1.5
 
 
@@ -46,7 +48,7 @@ async def group() -> AsyncIterator[Group]:
 
 
 async def test_a_generation_past_its_time_limit_is_stopped_and_the_worker_goes_on(group: Group) -> None:
-    endless = await group.create(body(TIMED, "Go on forever", max_output_tokens=60000))
+    endless = await group.create(body(TIMED, "Go on forever", max_output_tokens=60000, store=True))
     after = await group.create(body(TIMED, "Next", max_output_tokens=3))
     log = await group.log(endless)
     assert_exactly_once(log, final=wire.FAILED)
@@ -54,6 +56,7 @@ async def test_a_generation_past_its_time_limit_is_stopped_and_the_worker_goes_o
     assert text_of(log)  # it did generate until the limit
     task = (await group.http.get(f"/lmsp/v1/tasks/{endless}")).json()
     assert task["status"] == "failed" and task["error"]["code"] == "generation_timeout"
+    await _assert_partial_output_kept(group, log, task)
     # the worker runs one sequence at a time: the next task runs only if the first really stopped
     assert_exactly_once(await group.log(after), final=wire.INCOMPLETE)
     assert group.workers[1].process is not None and group.workers[1].process.poll() is None
@@ -114,6 +117,26 @@ async def test_sigterm_lets_a_running_task_finish_within_the_grace_period(group:
     assert group.worker_with_id(str(await group.field(task_id, "worker"))) is worker
     assert "handed back" not in worker.output()
     assert await group.field(later[0], "status") == "queued"  # the stopping worker took no new job
+
+
+async def _assert_partial_output_kept(group: Group, log: list[SseEvent], task: dict[str, Any]) -> None:
+    """The failed response holds the message the stream delivered, cut short: in the final event,
+    the task's result, the stored response and the OpenAI rendering alike."""
+    [added] = [e.data["item"] for e in log if e.event == wire.ITEM_ADDED]
+    assert not any(e.event == wire.ITEM_DONE for e in log)
+    partial = {"type": "message", "id": added["id"], "role": "assistant",
+               "content": [{"type": "output_text", "text": text_of(log)}], "status": "incomplete"}
+    assert log[-1].data["output"] == [partial]
+    assert task["response"]["status"] == "failed" and task["response"]["output"] == [partial]
+    assert task["response"]["error"] == task["error"] == log[-1].data["error"]
+    stored = (await group.http.get(f"/lmsp/v1/responses/{task['response_id']}")).json()
+    assert stored == task["response"]
+    openai = (await group.http.get(f"/v1/responses/{task['response_id']}")).json()
+    assert openai["status"] == "failed" and [item["status"] for item in openai["output"]] == ["incomplete"]
+    assert openai["output"][0]["content"][0]["text"] == text_of(log)
+    # sent back as input, the cut-short item is accepted (its status ignored)
+    echo = body(ONE, max_output_tokens=1) | {"input": [*body()["input"], partial]}
+    assert (await group.http.post("/lmsp/v1/responses", json=echo)).status_code == 200
 
 
 async def _assert_unavailable(group: Group, task_id: str) -> None:

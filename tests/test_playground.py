@@ -78,3 +78,20 @@ async def test_page_resumes_after_a_forced_drop_and_shows_the_service(browser: A
     assert (await page.text_content("#queues tr[data-model='tiny-random'] td:nth-child(2)")) != "0"
     assert "tiny-random" in (await page.text_content("#workers") or "")
     await page.close()
+
+
+async def test_page_shows_the_queue_position_from_the_comment_line(browser: Any, api: Api,
+                                                                   tiny_worker: Worker) -> None:
+    page = await browser.new_page()
+    await page.goto(api.url + "/")
+    await page.wait_for_selector("#model option[value='tiny-unserved']", state="attached")
+    await page.select_option("#model", "tiny-unserved")  # no worker: the task waits in its queue
+    await page.fill("#prompt", "Wait for me.")
+    await page.click("#send")
+    await page.wait_for_function("/^queued \\(position [1-9][0-9]*\\)$/.test(document.querySelector('#state')"
+                                 ".dataset.state)")
+    assert await page.text_content("#last-id") == "0"  # a comment is no event: the cursor did not move
+    await page.click("#cancel")
+    await page.wait_for_function("document.querySelector('#state').dataset.state === 'cancelled'")
+    assert await page.text_content("#last-id") == "1"
+    await page.close()

@@ -48,7 +48,7 @@ async def wait_for(condition: Any, timeout: float = 60) -> None:
 
 
 async def first_queue_position(client: httpx.AsyncClient, task_id: str) -> int:
-    async for event in sse_events(client, "GET", f"/lmsp/v1/tasks/{task_id}/events"):
+    async for event in sse_events(client, "GET", f"/lmsp/v1/tasks/{task_id}/events?queue_events=true"):
         assert event.event == "task.queued"
         position: int = event.data["queue_position"]
         return position

@@ -1,9 +1,11 @@
 """The tasks API (6.4): background generation, resumable event streams, cancellation."""
 
 import asyncio
+import re
 from typing import Any
 
 import httpx
+import msgspec
 import pytest
 
 from lmsp_core import wire
@@ -24,7 +26,7 @@ async def events(client: httpx.AsyncClient, task_id: str, **kwargs: Any) -> list
 
 
 def logged(received: list[SseEvent]) -> list[SseEvent]:
-    """The events of the task's log (queue notices are extra, id-less events)."""
+    """The events of the task's log (without the id-less queue notices a client may ask for)."""
     return [e for e in received if e.event != wire.QUEUED]
 
 
@@ -89,16 +91,43 @@ async def test_cursor_beyond_the_end_of_a_running_task_waits(client: httpx.Async
     assert len(log) > 300 and tail == log[300:]
 
 
-@pytest.mark.parametrize("cursor", ["-1", "abc", "1.5", "", "2x", "٣", "+3"])
+BEYOND_REDIS = ["99999999999999999999999", str(2**64), "1" + "0" * 5000]
+
+
+@pytest.mark.parametrize("cursor", ["-1", "abc", "1.5", "2x", "٣", "+3", " ", *BEYOND_REDIS],
+                         ids=["-1", "abc", "1.5", "2x", "arabic-3", "+3", "space", "1e23", "2^64", "5001-digits"])
 async def test_malformed_cursors(client: httpx.AsyncClient, cursor: str) -> None:
     task = await create(client, max_output_tokens=1)
     url = f"/lmsp/v1/tasks/{task['id']}/events"
-    if cursor == "":
-        assert (await client.get(url, params={"after": cursor})).status_code == 200
-        return
     assert_problem(await client.get(url, params={"after": cursor}), 400, "invalid_cursor")
-    if cursor.isascii():
+    if cursor.isascii() and cursor.strip():  # (httpx sends no header of blanks)
         assert_problem(await client.get(url, headers={"Last-Event-ID": cursor}), 400, "invalid_cursor")
+
+
+async def test_cursors_beyond_redis_are_refused_before_the_stream_even_on_a_running_task(
+        client: httpx.AsyncClient) -> None:
+    task = await create(client, max_output_tokens=1000)
+    url = f"/lmsp/v1/tasks/{task['id']}/events"
+    for cursor in BEYOND_REDIS[:2]:
+        problem = assert_problem(await client.get(url, params={"after": cursor}), 400, "invalid_cursor")
+        assert str(2**64 - 1) in problem["detail"]
+        assert_problem(await client.get(url, headers={"Last-Event-ID": cursor}), 400, "invalid_cursor")
+    # the largest id a Redis stream can hold is a cursor like any other: nothing after it
+    await client.post(f"/lmsp/v1/tasks/{task['id']}/cancel")
+    assert await collect(client, "GET", f"{url}?after={2**64 - 1}") == []
+    assert await collect(client, "GET", url, headers={"Last-Event-ID": "0" * 30 + "3"}) == (await events(
+        client, task["id"]))[3:]
+
+
+async def test_an_empty_after_is_absent_and_the_header_applies(client: httpx.AsyncClient) -> None:
+    task = await create(client, max_output_tokens=20)
+    url = f"/lmsp/v1/tasks/{task['id']}/events"
+    log = await events(client, task["id"])
+    assert_complete_log(log)
+    assert await collect(client, "GET", f"{url}?after=", headers={"Last-Event-ID": "4"}) == log[4:]
+    assert await collect(client, "GET", url, params={"after": ""}, headers={"Last-Event-ID": "4"}) == log[4:]
+    assert await collect(client, "GET", f"{url}?after=") == log  # nor header: from the start
+    assert await collect(client, "GET", f"{url}?after=2", headers={"Last-Event-ID": "4"}) == log[2:]
 
 
 async def test_unknown_tasks(client: httpx.AsyncClient) -> None:
@@ -121,19 +150,59 @@ async def test_fifty_readers_get_identical_complete_sequences(client: httpx.Asyn
     assert all(log == logs[0] for log in logs)
 
 
-async def test_queued_task_stream_sends_heartbeats_and_queue_position(client: httpx.AsyncClient) -> None:
-    task = await create(client, model="tiny-unserved")
+async def _raw_lines(client: httpx.AsyncClient, url: str, task_id: str) -> list[str]:
+    """Every line of a queued task's stream: two keep-alives while it waits, then it is cancelled."""
     lines: list[str] = []
-    async with client.stream("GET", f"/lmsp/v1/tasks/{task['id']}/events") as response:
+    async with client.stream("GET", url) as response:
         async for line in response.aiter_lines():
             lines.append(line)
-            if sum(line.startswith(":") for line in lines) >= 2:
-                break
-    assert "event: task.queued" in lines
-    notice = next(lines[i + 1] for i, line in enumerate(lines) if line == "event: task.queued")
-    assert notice.startswith("data: ") and '"queue_position":' in notice and '"status":"queued"' in notice
-    assert not any(line.startswith("id:") for line in lines)
-    await client.post(f"/lmsp/v1/tasks/{task['id']}/cancel")
+            if line == ": keep-alive" and lines.count(line) == 2:
+                assert (await client.post(f"/lmsp/v1/tasks/{task_id}/cancel")).status_code == 200
+    return lines
+
+
+def _blocks(lines: list[str]) -> list[list[str]]:
+    """The stream's events (a blank line ends one), comment lines left out."""
+    blocks, block = [], []
+    for line in lines:
+        if line == "":
+            if block:
+                blocks.append(block)
+            block = []
+        elif not line.startswith(":"):
+            block.append(line)
+    return blocks
+
+
+async def test_every_event_has_an_id_and_the_queue_position_is_a_comment(client: httpx.AsyncClient) -> None:
+    task = await create(client, model="tiny-unserved")
+    lines = await _raw_lines(client, f"/lmsp/v1/tasks/{task['id']}/events", task["id"])
+    positions = [i for i, line in enumerate(lines) if line.startswith(": queued")]
+    # at the start and after each keep-alive (the last one may find the task cancelled already)
+    assert len(positions) >= 2 and all(re.fullmatch(r": queued [1-9][0-9]*", lines[i]) for i in positions)
+    # a block of its own, as the keep-alives: never glued to the next event
+    assert all(lines[i + 1] == "" for i in positions)
+    assert not any("task.queued" in line for line in lines)
+    assert [block[:2] for block in _blocks(lines)] == [["id: 1", f"event: {wire.CANCELLED}"]]
+    # what an SSE parser makes of it: the events of the log, each with its id
+    assert [(e.id, e.event) for e in await collect(client, "GET", f"/lmsp/v1/tasks/{task['id']}/events")] == [
+        (1, wire.CANCELLED)]
+
+
+async def test_queue_events_when_asked_for(client: httpx.AsyncClient) -> None:
+    task = await create(client, model="tiny-unserved")
+    lines = await _raw_lines(client, f"/lmsp/v1/tasks/{task['id']}/events?queue_events=true", task["id"])
+    assert not any(line.startswith(": queued") for line in lines)
+    blocks = _blocks(lines)
+    notices, logged_events = blocks[:-1], blocks[-1]
+    assert len(notices) >= 2 and logged_events[:2] == ["id: 1", f"event: {wire.CANCELLED}"]
+    for notice in notices:  # extra events outside the log: no id
+        assert notice[0] == "event: task.queued" and len(notice) == 2
+        data = msgspec.json.decode(notice[1].removeprefix("data: "))
+        assert data == {"task_id": task["id"], "status": "queued", "queue_position": data["queue_position"]}
+        assert data["queue_position"] >= 1
+    assert_problem(await client.get(f"/lmsp/v1/tasks/{task['id']}/events?queue_events=maybe"), 400,
+                   "invalid_request")
 
 
 async def test_cancel_a_queued_task(client: httpx.AsyncClient) -> None:

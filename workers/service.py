@@ -17,10 +17,10 @@ import msgspec
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from lmsp_core import metrics, queue, registry
+from lmsp_core import metrics, queue, registry, wire
 from lmsp_core.errors import GenerationFailed
 from lmsp_core.settings import Settings
-from lmsp_core.tasks import ClaimOutcome, TaskStore
+from lmsp_core.tasks import ClaimOutcome, TaskRecord, TaskStore
 from workers.taskrun import ModelRuntime, TaskRun, load_history
 from workers.writer import EventWriter
 
@@ -59,7 +59,7 @@ class WorkerService:
         failure = GenerationFailed(
             f"The task was given up after {self.settings.max_attempts} attempts: its worker stopped each time.",
             code="worker_lost").problem()
-        claim = await self.store.claim(record, self.info.id, job_id, lease, failure)
+        claim = await self.store.claim(record, self.info.id, job_id, lease, failure, await self._last_output(record))
         if claim.outcome is ClaimOutcome.EXHAUSTED:
             self.metrics.count(metrics.FINISHED, (record.model, "failed"))
         if claim.outcome is not ClaimOutcome.CLAIMED:
@@ -78,6 +78,14 @@ class WorkerService:
             self.runs.pop(task_id, None)
             async with self._changed:
                 self._changed.notify_all()
+
+    async def _last_output(self, record: TaskRecord) -> list[wire.OutputItem]:
+        """What the task's stored events delivered, when this claim is the one that gives it up (its
+        failed response keeps them); else nothing, without reading the log."""
+        if record.attempts < self.settings.max_attempts:
+            return []
+        stored = await load_history(self.redis, record.id, record.response_id, record.last_event_id)
+        return stored.delivered.items()
 
     async def idle(self) -> None:
         """Return once no task runs here."""

@@ -22,6 +22,7 @@ from redis.asyncio import Redis
 from lmsp_core import eventlog, eventstore, extensions, grammars, metrics, wire
 from lmsp_core.catalog import ModelSpec
 from lmsp_core.chat import PromptRenderer
+from lmsp_core.delivered import DeliveredOutput
 from lmsp_core.errors import GenerationFailed, LmspError
 from lmsp_core.eventstore import Final
 from lmsp_core.settings import Settings
@@ -59,6 +60,7 @@ class History:
     last_event_id: int = 0
     items: list[wire.OutputItem] = field(default_factory=list)  # as announced, in output order
     tokens: tuple[int, ...] = ()
+    delivered: DeliveredOutput = field(default_factory=DeliveredOutput)  # what the stored events delivered
 
 
 async def load_history(redis: Redis, task_id: str, response_id: str, last_event_id: int) -> History:
@@ -73,6 +75,7 @@ async def load_history(redis: Redis, task_id: str, response_id: str, last_event_
         after = chunk[-1].id
         history.items += [msgspec.json.decode(e.data, type=wire.OutputItemAdded).item
                           for e in chunk if e.name == wire.ITEM_ADDED]
+        history.delivered.add_stored(chunk)
     history.tokens = await eventstore.read_tokens(redis, task_id)
     return history
 
@@ -103,6 +106,7 @@ class TaskRun:
         self._input_tokens = 0
         self._recorder = recorder or metrics.Recorder()
         self._meter: metrics.TokenMeter | None = None
+        self._delivered = DeliveredOutput()  # what the task's events delivered, stored and written by this run
 
     # --- the writer's view (Writable) -----------------------------------------------------------
 
@@ -139,6 +143,7 @@ class TaskRun:
     async def execute(self, history: History, cancel_requested: bool) -> str:
         """Generate until a final event is stored (or the lease is lost); returns the outcome."""
         self.writer.open(self, history.last_event_id, len(history.tokens))
+        self._delivered = history.delivered
         try:
             prompt, budget, constraint = await asyncio.to_thread(self._prepare, history)
             self._start(prompt, budget, constraint, history)
@@ -250,6 +255,7 @@ class TaskRun:
     # --- events ----------------------------------------------------------------------------------
 
     def _emit(self, name: str, data: Any) -> None:
+        self._delivered.add(name, data)
         self.writer.event(self, name, wire.encoder.encode(data))
 
     def _complete(self, seq: Sequence, reason: str) -> None:
@@ -277,9 +283,12 @@ class TaskRun:
         self.writer.finalize(self, Final(status, wire.encoder.encode(response)))
 
     def _fail(self, problem: wire.Problem) -> None:
+        """End with ``response.failed``. The items the stream delivered stay in the output, those it
+        did not finish marked ``incomplete`` (text held back, by stop strings say, was never sent)."""
         rid = self.record.response_id
-        self._emit(wire.FAILED, wire.ResponseFailed(response_id=rid, status="failed", error=problem))
-        response = self._response("failed", [], None, error=problem)
+        output = self._delivered.items()
+        self._emit(wire.FAILED, wire.ResponseFailed(response_id=rid, status="failed", error=problem, output=output))
+        response = self._response("failed", output, None, error=problem)
         self.outcome = "failed"
         self.writer.finalize(self, Final("failed", wire.encoder.encode(response), wire.encoder.encode(problem)))
         self._generation_done.set()

@@ -90,10 +90,15 @@ def response_object(view: ResponseView, record: TaskRecord | None = None,
         return view.response(status, [])
     finished = record.finished_at if record.final else None
     return view.response(
-        final.status, [output_item(item, "completed") for item in final.output], usage=usage(final.usage),
+        final.status, [output_item(item, stored_status(item)) for item in final.output], usage=usage(final.usage),
         error=response_error(final.error), completed_at=None if finished is None else int(finished),
         incomplete=oa.IncompleteDetails(reason=final.incomplete_details.reason) if final.incomplete_details else None,
     )
+
+
+def stored_status(item: wire.OutputItem) -> oa.ItemStatus:
+    """A final response's item is ``completed`` unless a failure cut it short (``incomplete``)."""
+    return "completed" if isinstance(item.status, msgspec.UnsetType) else item.status
 
 
 def output_item(item: wire.OutputItem, status: oa.ItemStatus) -> oa.OutputItem:

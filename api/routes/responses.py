@@ -41,7 +41,7 @@ class ResponsesController(Controller):
               200: ResponseSpec(data_container=wire.Response, generate_examples=False,
                                 description="The final response (6.2). With `stream: true`: `text/event-stream` "
                                             "(6.3), the events shown for `GET /lmsp/v1/tasks/{task_id}/events` "
-                                            "without `task.queued`.",
+                                            "without the queue position.",
                                 examples=[doc.example("Completed", doc.RESPONSE)]),
               **doc.problems("invalid_request", "invalid_extension", "context_length_exceeded", "model_not_found",
                              "generation_failed", "service_unavailable", "model_unavailable", "server_busy",

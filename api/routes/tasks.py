@@ -88,18 +88,22 @@ class TasksController(Controller):
         return (await load_task(services, task_id, owner)).to_wire()
 
     @get("/{task_id:str}/events", summary="Follow a task's events", opt={"scope": tokens.TASKS_READ},
-         description="Server-sent events after `?after=N` or `Last-Event-ID` (`after` wins), then live events "
-                     "until the final one. While the task waits in its queue, `task.queued` events (no `id`) give "
-                     "its queue position. `410 event_history_expired` once the events have expired: the result "
-                     "is still at `GET /lmsp/v1/tasks/{id}`.",
+         description="Server-sent events after `?after=N` or `Last-Event-ID` (`after` wins; an empty `after` counts "
+                     "as absent), then live events until the final one. Every event has an `id`. While the task "
+                     "waits in its queue, a comment line `: queued <position>` gives its queue position; with "
+                     "`?queue_events=true` it comes as a `task.queued` event instead (an extra event without `id`). "
+                     "`410 event_history_expired` once the events have expired: the result is still at "
+                     "`GET /lmsp/v1/tasks/{id}`.",
          responses={200: doc.event_stream("The task's events, then the end of the stream", doc.TASK_EVENT_STREAM),
                     **doc.problems("invalid_request", "invalid_cursor", "task_not_found", "event_history_expired",
                                    "service_unavailable")})
     async def task_events(
         self, task_id: str, services: Services, owner: str, after: str | None = None,
         last_event_id: Annotated[str | None, HeaderParameter(name="Last-Event-ID")] = None,
+        queue_events: Annotated[bool, Parameter(description="queue positions as `task.queued` events (without "
+                                                            "`id`) rather than comment lines")] = False,
     ) -> Stream:
-        cursor = parse_cursor(after if after is not None else last_event_id)
+        cursor = parse_cursor(after or last_event_id)  # an empty `after` is no cursor: the header applies
         record = await load_task(services, task_id, owner)
         if record.final:
             if cursor >= record.last_event_id:
@@ -107,7 +111,8 @@ class TasksController(Controller):
             if not await eventlog.history_exists(services.redis, record.id):
                 raise Gone(f"The events of task {record.id} have expired; GET /lmsp/v1/tasks/{record.id} still "
                            "returns its result.")
-        events = relay(services, record, cursor, queue_notices=True)
+        notices = sse.QUEUE_EVENTS if queue_events else sse.QUEUE_COMMENTS
+        events = relay(services, record, cursor, queue_notices=notices)
         slot = await services.limits.open_stream(owner)
         return sse.response(slot.wrap(events))
 
@@ -126,12 +131,18 @@ class TasksController(Controller):
 
 
 def parse_cursor(raw: str | None) -> int:
+    """The event number of ``after`` / ``Last-Event-ID``; absent or empty: 0 (from the start)."""
     if raw is None or raw == "":
         return 0
     value = raw.strip()
     if not value.isdigit() or not value.isascii():
         raise InvalidRequest(f"Event cursor {raw!r} is not a non-negative integer.", code="invalid_cursor")
-    return int(value)
+    digits = value.lstrip("0") or "0"
+    # compared as digits first: int() of thousands of digits is slow, and refused past 4300
+    if len(digits) > len(str(eventlog.MAX_EVENT_ID)) or int(digits) > eventlog.MAX_EVENT_ID:
+        raise InvalidRequest(f"The event cursor is above the largest event id there can be "
+                             f"({eventlog.MAX_EVENT_ID}).", code="invalid_cursor")
+    return int(digits)
 
 
 async def load_task(services: Services, task_id: str, owner: str) -> TaskRecord:

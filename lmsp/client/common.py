@@ -38,7 +38,7 @@ EVENT_TYPES: dict[str, type[msgspec.Struct]] = {
 class Event(msgspec.Struct, frozen=True):
     """One server-sent event. ``data`` is the wire Struct of a known event (``wire.OutputTextDelta``,
     ...), the decoded JSON of an unknown one (which clients must ignore, 6.3). ``id`` is None for
-    events outside the task's log (``task.queued``)."""
+    events outside the task's log (``task.queued``, sent only when asked for)."""
 
     name: str
     data: Any
@@ -139,6 +139,12 @@ class Reconnects:
 
 def resume_headers(cursor: int) -> dict[str, str]:
     return {"Last-Event-ID": str(cursor)} if cursor else {}
+
+
+def queue_params(queue_events: bool) -> dict[str, str]:
+    """Query parameters of a task's event stream: ``queue_events`` asks for ``task.queued`` events
+    (the service otherwise tells the queue position in comments, which SSE parsers drop)."""
+    return {"queue_events": "true"} if queue_events else {}
 
 
 def decode(body: bytes, kind: type[Any]) -> Any:

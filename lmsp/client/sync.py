@@ -129,10 +129,13 @@ class Tasks:
                                             wire.TaskList)
         return page
 
-    def events(self, task_id: str, *, after: int = 0, reconnects: Reconnects | None = None) -> "TaskEvents":
+    def events(self, task_id: str, *, after: int = 0, reconnects: Reconnects | None = None,
+               queue_events: bool = False) -> "TaskEvents":
         """The task's events after ``after``, reconnecting with ``Last-Event-ID`` when the connection
-        drops; on ``410 event_history_expired`` the iteration ends and ``task`` holds the result."""
-        return TaskEvents(self._client, task_id, after, reconnects or Reconnects())
+        drops; on ``410 event_history_expired`` the iteration ends and ``task`` holds the result.
+        With ``queue_events`` a waiting task's queue position comes as ``task.queued`` events (their
+        ``id`` is None), else the service sends it as comments, which the iteration does not show."""
+        return TaskEvents(self._client, task_id, after, reconnects or Reconnects(), queue_events)
 
 
 class TaskEvents:
@@ -142,9 +145,11 @@ class TaskEvents:
     reconnections), ``text`` the text received. ``expired`` is True when the events were past
     retention: then ``task`` is the final task, fetched instead (6.4)."""
 
-    def __init__(self, client: Client, task_id: str, after: int, reconnects: Reconnects) -> None:
+    def __init__(self, client: Client, task_id: str, after: int, reconnects: Reconnects,
+                 queue_events: bool = False) -> None:
         self._client = client
         self.task_id = task_id
+        self.queue_events = queue_events
         self._decoder = EventDecoder(after)
         self.reconnects = reconnects
         self.text = ""
@@ -183,7 +188,8 @@ class TaskEvents:
     def _connection(self) -> Iterator[Event]:
         url = f"/lmsp/v1/tasks/{self.task_id}/events"
         headers = common.resume_headers(self.last_event_id)
-        with connect_sse(self._client.http, "GET", url, headers=headers) as source:
+        params = common.queue_params(self.queue_events)
+        with connect_sse(self._client.http, "GET", url, headers=headers, params=params) as source:
             response = source.response
             if response.status_code >= 400:
                 response.read()

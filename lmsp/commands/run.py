@@ -26,7 +26,7 @@ def run(client: Client, model: str, prompt: str, *, task: bool, **options: Any) 
         if task:
             created = client.tasks.create(model=model, input=prompt, **options)
             sys.stderr.write(f"task {created.id} (lmsp tasks follow {created.id})\n")
-            follow = client.tasks.events(created.id)
+            follow = client.tasks.events(created.id, queue_events=True)
             try:
                 for event in follow:
                     progress.on_event(event)

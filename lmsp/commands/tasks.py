@@ -59,7 +59,7 @@ def cancel(client: Client, task_id: str) -> int:
 def follow(client: Client, task_id: str, after: int) -> int:
     """Stream a task's text from event ``after`` on (0: from the start), resuming by itself."""
     progress = terminal.Progress()
-    events = client.tasks.events(task_id, after=after)
+    events = client.tasks.events(task_id, after=after, queue_events=True)
     try:
         for event in events:
             progress.on_event(event)

@@ -24,7 +24,7 @@ from lmsp_core.catalog import Catalog
 from lmsp_core.chat import PromptRenderer
 from lmsp_core.settings import load_settings
 from workers import loader
-from workers.engine import Engine, Sequence
+from workers.engine import Engine, Generation
 from workers.grammar import GrammarConstraint, tokenizer_for
 from workers.sampling import RowSampler, SamplingParams
 
@@ -44,10 +44,10 @@ class Done:
         self.tokens = 0
         self.event = asyncio.Event()
 
-    def on_token(self, seq: Sequence, token: int) -> None:
+    def on_token(self, seq: Generation, token: int) -> None:
         self.tokens += 1
 
-    def on_finish(self, seq: Sequence, reason: str, error: BaseException | None) -> None:
+    def on_finish(self, seq: Generation, reason: str, error: BaseException | None) -> None:
         self.event.set()
 
 
@@ -63,7 +63,7 @@ async def run_batch(engine: Engine, loaded: loader.LoadedModel, renderer: Prompt
         sink = Done()
         sinks.append(sink)
         # no stop tokens: every sequence runs to its budget
-        sequences.append(Sequence(renderer.prompt_ids(plain), budget, RowSampler(SamplingParams(), constraint), [],
+        sequences.append(Generation(renderer.prompt_ids(plain), budget, RowSampler(SamplingParams(), constraint), [],
                                   sink))
     start = time.perf_counter()
     for sequence in sequences:

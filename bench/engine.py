@@ -27,7 +27,7 @@ from lmsp_core.catalog import Catalog
 from lmsp_core.chat import PromptRenderer
 from lmsp_core.settings import load_settings
 from workers import loader
-from workers.engine import Engine, Sequence
+from workers.engine import Engine, Generation
 from workers.sampling import RowSampler, SamplingParams
 
 
@@ -40,12 +40,12 @@ class Timing:
         self.tokens = 0
         self.done = asyncio.Event()
 
-    def on_token(self, seq: Sequence, token: int) -> None:
+    def on_token(self, seq: Generation, token: int) -> None:
         if self.first is None:
             self.first = time.perf_counter()
         self.tokens += 1
 
-    def on_finish(self, seq: Sequence, reason: str, error: BaseException | None) -> None:
+    def on_finish(self, seq: Generation, reason: str, error: BaseException | None) -> None:
         if error is not None:
             raise RuntimeError(f"a sequence failed: {error!r}")
         self.done.set()
@@ -58,7 +58,7 @@ class Arrivals(Timing):
         super().__init__(started)
         self.times: list[float] = []
 
-    def on_token(self, seq: Sequence, token: int) -> None:
+    def on_token(self, seq: Generation, token: int) -> None:
         super().on_token(seq, token)
         self.times.append(time.perf_counter())
 
@@ -71,7 +71,7 @@ async def long_generation(spec: Any, cache: Path, prompt: list[int], tokens: int
     try:
         await engine.ready()
         sink = Arrivals(time.perf_counter())
-        engine.submit(Sequence(prompt, tokens, RowSampler(SamplingParams()), [], sink))
+        engine.submit(Generation(prompt, tokens, RowSampler(SamplingParams()), [], sink))
         await sink.done.wait()
     finally:
         runner.cancel()
@@ -99,7 +99,7 @@ async def streams(engine: Engine, prompts: list[list[int]], tokens: int) -> dict
     started = time.perf_counter()
     sinks = [Timing(started) for _ in prompts]
     for prompt, sink in zip(prompts, sinks, strict=True):
-        engine.submit(Sequence(prompt, tokens, RowSampler(SamplingParams()), [], sink))
+        engine.submit(Generation(prompt, tokens, RowSampler(SamplingParams()), [], sink))
     await asyncio.gather(*(sink.done.wait() for sink in sinks))
     seconds = time.perf_counter() - started
     total = sum(sink.tokens for sink in sinks)
@@ -130,7 +130,7 @@ async def profile(engine: Engine, prompt: list[int], device: torch.device) -> No
     sort = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
     with torch.profiler.profile(activities=activities) as profiler:
         done = Timing(time.perf_counter())
-        engine.submit(Sequence(prompt, 32, RowSampler(SamplingParams()), [], done))
+        engine.submit(Generation(prompt, 32, RowSampler(SamplingParams()), [], done))
         await done.done.wait()
     print(profiler.key_averages().table(sort_by=sort, row_limit=20), flush=True)
 

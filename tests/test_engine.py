@@ -10,7 +10,7 @@ import torch
 from lmsp_core.catalog import TINY_RANDOM, ModelSpec
 from lmsp_core.settings import load_settings
 from workers import loader
-from workers.engine import ERROR, LENGTH, STOP, Engine, Sequence
+from workers.engine import Engine, Finish, Generation
 from workers.sampling import RowSampler, SamplingParams
 
 
@@ -20,10 +20,10 @@ class Collector:
         self.reason: str | None = None
         self.done = asyncio.Event()
 
-    def on_token(self, seq: Sequence, token: int) -> None:
+    def on_token(self, seq: Generation, token: int) -> None:
         self.tokens.append(token)
 
-    def on_finish(self, seq: Sequence, reason: str, error: BaseException | None) -> None:
+    def on_finish(self, seq: Generation, reason: str, error: BaseException | None) -> None:
         self.reason = reason
         self.done.set()
 
@@ -49,7 +49,7 @@ async def test_sequences_joining_and_leaving_match_solo_generation(tiny: loader.
     sinks = [Collector() for _ in prompts]
     try:
         for i, (prompt, budget, sink) in enumerate(zip(prompts, budgets, sinks, strict=True)):
-            engine.submit(Sequence(prompt, budget, RowSampler(SamplingParams()), [], sink))
+            engine.submit(Generation(prompt, budget, RowSampler(SamplingParams()), [], sink))
             if i % 2:
                 await asyncio.sleep(0.02)  # let some steps run so that the next ones join a running batch
         await asyncio.wait_for(asyncio.gather(*(s.done.wait() for s in sinks)), 60)
@@ -57,7 +57,7 @@ async def test_sequences_joining_and_leaving_match_solo_generation(tiny: loader.
         runner.cancel()
         engine.close()
     for prompt, budget, sink in zip(prompts, budgets, sinks, strict=True):
-        assert sink.reason == LENGTH
+        assert sink.reason is Finish.LENGTH
         assert sink.tokens == alone(tiny, prompt, budget)
 
 
@@ -65,9 +65,9 @@ async def test_stopping_one_sequence_leaves_the_others_intact(tiny: loader.Loade
     engine = Engine(tiny)
     runner = asyncio.create_task(engine.run())
     keep, stop = Collector(), Collector()
-    stopped = Sequence([1, 2, 3], 500, RowSampler(SamplingParams()), [], stop)
+    stopped = Generation([1, 2, 3], 500, RowSampler(SamplingParams()), [], stop)
     try:
-        engine.submit(Sequence([4, 5, 6, 7], 30, RowSampler(SamplingParams()), [], keep))
+        engine.submit(Generation([4, 5, 6, 7], 30, RowSampler(SamplingParams()), [], keep))
         engine.submit(stopped)
         while len(stop.tokens) < 3:
             await asyncio.sleep(0.001)
@@ -87,7 +87,7 @@ class FailingAfter(Collector):
         super().__init__()
         self.n = n
 
-    def on_token(self, seq: Sequence, token: int) -> None:
+    def on_token(self, seq: Generation, token: int) -> None:
         super().on_token(seq, token)
         if len(self.tokens) == self.n:
             raise KeyError("gone")
@@ -98,17 +98,17 @@ async def test_a_failing_token_handler_fails_its_sequence_and_the_engine_goes_on
     runner = asyncio.create_task(engine.run())
     failing, keep, later = FailingAfter(3), Collector(), Collector()
     try:
-        engine.submit(Sequence([1, 2, 3], 50, RowSampler(SamplingParams()), [], failing))
-        engine.submit(Sequence([4, 5, 6, 7], 30, RowSampler(SamplingParams()), [], keep))
+        engine.submit(Generation([1, 2, 3], 50, RowSampler(SamplingParams()), [], failing))
+        engine.submit(Generation([4, 5, 6, 7], 30, RowSampler(SamplingParams()), [], keep))
         await asyncio.wait_for(asyncio.gather(failing.done.wait(), keep.done.wait()), 60)
-        engine.submit(Sequence([4, 5, 6, 7], 10, RowSampler(SamplingParams()), [], later))
+        engine.submit(Generation([4, 5, 6, 7], 10, RowSampler(SamplingParams()), [], later))
         await asyncio.wait_for(later.done.wait(), 60)
     finally:
         runner.cancel()
         engine.close()
-    assert failing.reason == ERROR and len(failing.tokens) == 3
+    assert failing.reason is Finish.ERROR and len(failing.tokens) == 3
     assert keep.tokens == alone(tiny, [4, 5, 6, 7], 30)
-    assert later.reason == LENGTH and later.tokens == keep.tokens[:10]
+    assert later.reason is Finish.LENGTH and later.tokens == keep.tokens[:10]
 
 
 async def test_stop_tokens_and_resumed_sequences(tiny: loader.LoadedModel) -> None:
@@ -118,14 +118,14 @@ async def test_stop_tokens_and_resumed_sequences(tiny: loader.LoadedModel) -> No
     stops, resumed = Collector(), Collector()
     try:
         # stop at the 6th token; a sequence resumed after 8 tokens continues exactly
-        engine.submit(Sequence([9, 8, 7], 20, RowSampler(SamplingParams()), [reference[5]], stops))
-        engine.submit(Sequence([9, 8, 7], 20, RowSampler(SamplingParams()), [], resumed, generated=reference[:8]))
+        engine.submit(Generation([9, 8, 7], 20, RowSampler(SamplingParams()), [reference[5]], stops))
+        engine.submit(Generation([9, 8, 7], 20, RowSampler(SamplingParams()), [], resumed, generated=reference[:8]))
         await asyncio.wait_for(asyncio.gather(stops.done.wait(), resumed.done.wait()), 60)
     finally:
         runner.cancel()
         engine.close()
-    assert stops.reason == STOP and stops.tokens == reference[:reference.index(reference[5]) + 1]
-    assert resumed.reason == LENGTH and resumed.tokens == reference[8:]
+    assert stops.reason is Finish.STOP and stops.tokens == reference[:reference.index(reference[5]) + 1]
+    assert resumed.reason is Finish.LENGTH and resumed.tokens == reference[8:]
 
 
 
@@ -149,17 +149,17 @@ async def test_grammar_constrained_and_free_sequences_share_a_batch(tiny: loader
     runner = asyncio.create_task(engine.run())
     free, constrained = Collector(), Collector()
     try:
-        engine.submit(Sequence([4, 5, 6, 7], 30, RowSampler(SamplingParams()), [], free))
+        engine.submit(Generation([4, 5, 6, 7], 30, RowSampler(SamplingParams()), [], free))
         await asyncio.sleep(0.02)  # the constrained one joins the running batch
         constraint = GrammarConstraint(tokenizer_for(tiny.card), grammar)
-        engine.submit(Sequence([1, 2, 3], 200, RowSampler(SamplingParams(), constraint),
+        engine.submit(Generation([1, 2, 3], 200, RowSampler(SamplingParams(), constraint),
                                tiny.card.stop_token_ids, constrained))
         await asyncio.wait_for(asyncio.gather(free.done.wait(), constrained.done.wait()), 60)
     finally:
         runner.cancel()
         engine.close()
     assert free.tokens == alone(tiny, [4, 5, 6, 7], 30)  # its neighbour's mask did not touch its row
-    assert constrained.reason == STOP  # the grammar completed: random weights alone never would
+    assert constrained.reason is Finish.STOP  # the grammar completed: random weights alone never would
     text = PromptRenderer(tiny.card).tokenizer.decode(constrained.tokens, skip_special_tokens=True)
     document = json.loads(text)
     assert document["size"] in ("small", "large") and set(document) <= {"size", "count"}
@@ -190,9 +190,9 @@ async def test_random_llama_models_load_on_the_device_in_their_dtype(monkeypatch
     runner = asyncio.create_task(engine.run())
     try:
         collector = Collector()
-        engine.submit(Sequence([1, 2, 3], 5, RowSampler(SamplingParams()), [], collector))
+        engine.submit(Generation([1, 2, 3], 5, RowSampler(SamplingParams()), [], collector))
         await asyncio.wait_for(collector.done.wait(), 30)
-        assert collector.reason == LENGTH and len(collector.tokens) == 5
+        assert collector.reason is Finish.LENGTH and len(collector.tokens) == 5
     finally:
         runner.cancel()
         engine.close()

@@ -95,20 +95,19 @@ def run_pipeline(tokens: list[int], reasoning: ReasoningFormat | None, stops: li
     """Events of a pipeline fed ``tokens`` (the first ``replayed`` silently, as on resume), and how
     many events had been emitted after each token."""
     events: list[tuple[str, Any]] = []
-    assembler = OutputAssembler("resp_x", lambda name, data: events.append((name, data)), "text", known or [])
-    pipeline = OutputPipeline(tokenizer(), assembler, reasoning, stops)
-    if replayed:
-        assembler.emit = lambda name, data: None
-    pipeline.start()
+    pipeline = OutputPipeline(tokenizer(), OutputAssembler("resp_x", "text", known or []), reasoning, stops)
+    started = pipeline.start()
+    if not replayed:
+        events += started
     marks = []
     for index, token in enumerate(tokens):
-        if index == replayed:
-            assembler.emit = lambda name, data: events.append((name, data))
         if pipeline.stopped:
             break
-        pipeline.push(token)
+        caused = pipeline.push(token)
+        if index >= replayed:
+            events += caused
         marks.append(len(events))
-    pipeline.finish()
+    events += pipeline.finish()[1]
     return events, marks, pipeline
 
 

@@ -16,11 +16,11 @@ from lmsp_core.catalog import TINY_RANDOM
 from lmsp_core.settings import load_settings
 from workers import loader, precision, scheduler
 from workers.decoder import Decoder, unsupported_reason
-from workers.engine import LENGTH, Engine, Sequence
+from workers.engine import Engine, Finish, Generation
+from workers.generation import Sink
 from workers.hfslots import HfSlots
 from workers.kvslots import Chunk, Feed, StepPlan
 from workers.sampling import RowSampler, SamplingParams
-from workers.sequence import Sink
 from workers.weights import on_int4_grid
 
 SMALL = {"vocab_size": 512, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
@@ -98,10 +98,10 @@ class Collector(Sink):
         self.reason: str | None = None
         self.done = asyncio.Event()
 
-    def on_token(self, seq: Sequence, token: int) -> None:
+    def on_token(self, seq: Generation, token: int) -> None:
         self.tokens.append(token)
 
-    def on_finish(self, seq: Sequence, reason: str, error: BaseException | None) -> None:
+    def on_finish(self, seq: Generation, reason: str, error: BaseException | None) -> None:
         self.reason = reason
         self.done.set()
 
@@ -127,7 +127,7 @@ async def run_engine(engine: Engine, jobs: list[tuple[list[int], int, float]]) -
         await engine.ready()
         for (prompt, budget, delay), sink in zip(jobs, sinks, strict=True):
             await asyncio.sleep(delay)
-            engine.submit(Sequence(prompt, budget, RowSampler(SamplingParams()), [], sink))
+            engine.submit(Generation(prompt, budget, RowSampler(SamplingParams()), [], sink))
         await asyncio.wait_for(asyncio.gather(*(sink.done.wait() for sink in sinks)), 120)
     finally:
         runner.cancel()
@@ -147,7 +147,7 @@ async def test_a_long_prompt_joins_in_chunks_between_decoding_steps(tiny: loader
     jobs = [([1, 20, 30, 40], 200, 0.0), ([5, 6, 7], 40, 0.0), (long_prompt, 10, 0.05), ([9, 9, 9], 5, 0.0)]
     sinks = await run_engine(engine, jobs)
     for (prompt, budget, _), sink in zip(jobs, sinks, strict=True):
-        assert sink.reason == LENGTH
+        assert sink.reason is Finish.LENGTH
         assert sink.tokens == generate(tiny.model, prompt, budget)
     # the long prompt went in over several steps, beside the others' decoding
     chunks = [chunk for plan in plans for chunk in plan.chunks if chunk.tokens[0] >= 200 or chunk.start > 0]
@@ -163,7 +163,7 @@ async def test_a_free_slot_is_taken_by_the_next_sequence(tiny: loader.LoadedMode
     engine = Engine(tiny)
     plans = recording(engine)
     sinks = await run_engine(engine, [([1, 2, 3], 4, 0.0), ([4, 5, 6], 300, 0.0), ([7, 8], 5, 0.3)])
-    assert all(sink.reason == LENGTH for sink in sinks)
+    assert all(sink.reason is Finish.LENGTH for sink in sinks)
     first_chunk = {tuple(chunk.tokens): chunk.slot for plan in plans for chunk in plan.chunks}
     assert first_chunk[(1, 2, 3)] == 0 and first_chunk[(4, 5, 6)] == 1
     assert first_chunk[(7, 8)] == 0  # the first sequence had finished: its slot was free again

@@ -18,15 +18,15 @@ import torch
 from tokenizers import Tokenizer
 
 from workers.decoder import Decoder, unsupported_reason
+from workers.generation import Finish, Generation, Sink
 from workers.hfslots import HfSlots
 from workers.kvslots import Chunk, Feed, SlotModel, StepPlan
 from workers.loader import LoadedModel
 from workers.sampling import TokenChooser
 from workers.scheduler import Produced, Scheduler
-from workers.sequence import ERROR, LENGTH, STOP, Sequence, Sink
 from workers.weights import can_prepack
 
-__all__ = ["ERROR", "LENGTH", "STOP", "Engine", "Sequence", "Sink"]
+__all__ = ["Engine", "Finish", "Generation", "Sink"]
 
 logger = logging.getLogger(__name__)
 
@@ -62,10 +62,10 @@ class Engine:
         self._warm = threading.Event()
         self._warm_error: BaseException | None = None
 
-    def submit(self, seq: Sequence) -> None:
+    def submit(self, seq: Generation) -> None:
         self._scheduler.add(seq)
 
-    def stop(self, seq: Sequence, reason: str, error: BaseException | None = None) -> None:
+    def stop(self, seq: Generation, reason: Finish, error: BaseException | None = None) -> None:
         """Stop a sequence: its sink gets ``on_finish(reason, error)`` soon, on the event loop, and no
         token after this call."""
         if seq.finish_reason is not None or seq.stop_requested is not None:
@@ -108,7 +108,7 @@ class Engine:
                         seq.sink.on_token(seq, item.token)
                     except Exception as exc:  # one sequence's failure must not end the others'
                         logger.exception("a sequence's token handler failed; failing the sequence")
-                        self.stop(seq, ERROR, exc)
+                        self.stop(seq, Finish.ERROR, exc)
                         continue
                     if seq.stop_requested is not None:
                         continue  # the sink stopped it (a stop string): finished by stop()
@@ -117,7 +117,7 @@ class Engine:
         finally:
             self._scheduler.delivered()
 
-    def _finish(self, seq: Sequence, reason: str, error: BaseException | None) -> None:
+    def _finish(self, seq: Generation, reason: Finish, error: BaseException | None) -> None:
         if seq.finish_reason is None:
             seq.finish_reason = reason
             seq.sink.on_finish(seq, reason, error)

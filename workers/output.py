@@ -9,20 +9,22 @@ back until it is clearly one or the other.
 """
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, Literal
 
 from lmsp_core import ids, wire
 from lmsp_core.grammars import CALL_CLOSE, CALL_OPEN
 
 Mode = Literal["text", "calls", "auto"]
-Emit = Callable[[str, Any], None]
+OutEvent = tuple[str, Any]  # an event's name and its wire Struct
 
 
 class OutputAssembler:
-    def __init__(self, response_id: str, emit: Emit, mode: Mode, known: Sequence[wire.OutputItem] = ()) -> None:
+    """Builds the output items from decoded text; the events they cause wait in ``take()``."""
+
+    def __init__(self, response_id: str, mode: Mode, known: Sequence[wire.OutputItem] = ()) -> None:
         self.response_id = response_id
-        self.emit = emit
+        self._events: list[OutEvent] = []
         self.mode: Mode = mode
         self.known = list(known)  # items a previous run announced: their ids are reused on resume
         self.items: list[wire.OutputItem] = []
@@ -31,6 +33,14 @@ class OutputAssembler:
         self._reasoning: wire.OutputReasoning | None = None
         self._summary: list[str] = []
         self._pending = ""  # text not yet turned into events (an undecided prefix, an unfinished call)
+
+    def take(self) -> list[OutEvent]:
+        """The events caused since the last call, oldest first."""
+        events, self._events = self._events, []
+        return events
+
+    def emit(self, name: str, data: Any) -> None:
+        self._events.append((name, data))
 
     def start(self) -> None:
         if self.mode == "text":

@@ -1,7 +1,8 @@
 """A response's output path: tokens -> text -> reasoning section and answer -> stop strings -> items.
 
-Every stage depends only on what it was fed, so feeding a resumed task's stored tokens again (with
-the events switched off) brings the whole path to the state whose events are stored.
+One way: tokens go in, the events they cause come out (``push`` returns them). Every stage depends
+only on what it was fed, so replaying a resumed task's stored tokens (dropping the events they
+cause, which are stored already) brings the whole path to the state whose events are stored.
 """
 
 from collections.abc import Iterable, Sequence
@@ -10,7 +11,7 @@ from tokenizers import Tokenizer
 
 from lmsp_core import wire
 from lmsp_core.catalog import ReasoningFormat
-from workers.output import OutputAssembler
+from workers.output import OutEvent, OutputAssembler
 from workers.reasoning import ReasoningParser, Segment
 from workers.stops import StopFilter
 from workers.textstream import TextStream
@@ -39,23 +40,29 @@ class OutputPipeline:
             return 0
         return self._tokens if self._closed_at is None else self._closed_at
 
-    def start(self) -> None:
+    def start(self) -> list[OutEvent]:
         """Announce what is known before the first token: an open section, or the message."""
         if self._parser.state == "reasoning":
             self.assembler.open_reasoning()
         elif self._parser.state == "answer":
             self._start_answer()
+        return self.assembler.take()
 
-    def push(self, token: int) -> None:
+    def push(self, token: int) -> list[OutEvent]:
+        """One generated token in; the events it causes out."""
         self._tokens += 1
         self._apply(self._parser.feed(self._text.push(token)))
+        return self.assembler.take()
 
     def replay(self, tokens: Iterable[int]) -> None:
+        """Start, and feed tokens whose events are stored already (dropped here)."""
+        self.start()
         for token in tokens:
             self.push(token)
 
-    def finish(self) -> list[wire.OutputItem]:
-        """Release held text (unless a stop string ended the answer) and close the items."""
+    def finish(self) -> tuple[list[wire.OutputItem], list[OutEvent]]:
+        """Release held text (unless a stop string ended the answer) and close the items: the items
+        and the events that closing them causes."""
         if not self.stopped:
             self._apply(self._parser.finish())
             if self._answering:
@@ -63,7 +70,8 @@ class OutputPipeline:
         if not self._answering:  # ended inside the section: a text response still has its message
             self.assembler.close_reasoning()
             self._start_answer()
-        return self.assembler.finish()
+        items = self.assembler.finish()
+        return items, self.assembler.take()
 
     def _apply(self, segments: list[Segment]) -> None:
         for segment in segments:

@@ -10,7 +10,7 @@ token from its last chunk.
 The thread runs steps back to back and hands each step's tokens to the event loop, at most
 ``AHEAD`` steps ahead of it: the next step is under way while the events of the last one are
 written. What the loop decides (a cancellation, a stop string) reaches the thread as
-``Sequence.stop_requested`` and takes effect at the next step; the loop drops tokens generated for
+``Generation.stop_requested`` and takes effect at the next step; the loop drops tokens generated for
 a sequence after it asked it to stop.
 """
 
@@ -24,9 +24,9 @@ from dataclasses import dataclass
 
 import torch
 
+from workers.generation import Finish, Generation
 from workers.kvslots import Chunk, Feed, SlotModel, StepPlan
 from workers.sampling import TokenChooser
-from workers.sequence import ERROR, LENGTH, STOP, Sequence
 
 logger = logging.getLogger(__name__)
 
@@ -42,15 +42,15 @@ SMOOTHING = 0.2  # weight of the newest measurement in the running cost estimate
 class Produced:
     """What a step did for a sequence: a token, and why it finished (None: it goes on)."""
 
-    seq: Sequence
+    seq: Generation
     token: int | None
-    reason: str | None = None
+    reason: Finish | None = None
     error: BaseException | None = None
 
 
 @dataclass(eq=False)
 class _Running:
-    seq: Sequence
+    seq: Generation
     slot: int
     context: list[int]  # the prompt, and the tokens generated before a resume
     count: int  # tokens generated so far, those before a resume included
@@ -68,13 +68,13 @@ class Scheduler:
         self.chooser = chooser
         self.window = context_window
         self._cond = threading.Condition()
-        self._incoming: list[Sequence] = []
+        self._incoming: list[Generation] = []
         self._closed = False
         self._ahead = 0
         self._deliver: Callable[[list[Produced]], None] = lambda produced: None
         self._warm_up: Callable[[], None] = lambda: None
         # the model thread's own state
-        self._waiting: deque[Sequence] = deque()
+        self._waiting: deque[Generation] = deque()
         self._running: dict[int, _Running] = {}  # by slot, in order of admission
         self._free = list(range(model.slots))
         self._decode_seconds: float | None = None
@@ -90,7 +90,7 @@ class Scheduler:
         self._warm_up = warm_up
         self._thread.start()
 
-    def add(self, seq: Sequence) -> None:
+    def add(self, seq: Generation) -> None:
         with self._cond:
             self._incoming.append(seq)
             self._cond.notify()
@@ -171,7 +171,7 @@ class Scheduler:
             seq = self._waiting.popleft()
             context, count = seq.context, len(seq.generated)
             if count >= seq.max_new_tokens or len(context) >= self.window:
-                produced.append(Produced(seq, None, LENGTH))  # a resumed sequence with nothing left to do
+                produced.append(Produced(seq, None, Finish.LENGTH))  # a resumed sequence with nothing left to do
                 continue
             slot = heapq.heappop(self._free)
             self._running[slot] = _Running(seq, slot, context, count)
@@ -214,17 +214,17 @@ class Scheduler:
             self._free_slot(run)
         return Produced(run.seq, token, reason)
 
-    def _finish_reason(self, run: _Running, token: int) -> str | None:
+    def _finish_reason(self, run: _Running, token: int) -> Finish | None:
         seq = run.seq
         constraint = seq.sampler.constraint
         if token in seq.stop_token_ids or (constraint is not None and constraint.done()):
-            return STOP
+            return Finish.STOP
         if run.count >= seq.max_new_tokens or len(seq.prompt_ids) + run.count >= self.window:
-            return LENGTH
+            return Finish.LENGTH
         return None
 
     def _fail_all(self, exc: BaseException) -> list[Produced]:
-        failed = [Produced(run.seq, None, ERROR, exc) for run in self._running.values()]
+        failed = [Produced(run.seq, None, Finish.ERROR, exc) for run in self._running.values()]
         for run in list(self._running.values()):
             self._free_slot(run)
         return failed

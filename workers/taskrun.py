@@ -13,7 +13,7 @@ and the next event number.
 import asyncio
 import logging
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import llguidance
 import msgspec
@@ -28,10 +28,9 @@ from lmsp_core.eventstore import Final
 from lmsp_core.settings import Settings
 from lmsp_core.tasks import TaskRecord
 from lmsp_core.validation import check_request, output_budget
-from workers import engine as eng
-from workers.engine import Engine, Sequence
+from workers.engine import Engine, Finish, Generation
 from workers.grammar import GrammarConstraint
-from workers.output import Mode, OutputAssembler
+from workers.output import Mode, OutEvent, OutputAssembler
 from workers.pipeline import OutputPipeline
 from workers.reasoning import ReasoningConstraint, closing_tokens
 from workers.sampling import LogitsConstraint, RowSampler, SamplingParams
@@ -39,10 +38,8 @@ from workers.writer import EventWriter
 
 logger = logging.getLogger(__name__)
 
-CANCELLED = "cancelled"
-TIMEOUT = "timeout"
-RELEASED = "released"  # handed back to the queue (worker shutdown); no final event
-FENCED = "fenced"  # another worker holds the task now; no final event
+# what a run ended with: the response's final status, or no final event at all
+Outcome = wire.ResponseStatus | Literal[Finish.RELEASED, Finish.FENCED]
 
 
 @dataclass
@@ -60,7 +57,8 @@ class History:
     last_event_id: int = 0
     items: list[wire.OutputItem] = field(default_factory=list)  # as announced, in output order
     tokens: tuple[int, ...] = ()
-    delivered: DeliveredOutput = field(default_factory=DeliveredOutput)  # what the stored events delivered
+    # what the stored events delivered
+    delivered: DeliveredOutput = field(default_factory=DeliveredOutput, compare=False)
 
 
 async def load_history(redis: Redis, task_id: str, response_id: str, last_event_id: int) -> History:
@@ -96,13 +94,12 @@ class TaskRun:
         self.writer = writer
         self.settings = settings
         self._lease = lease
-        self.sequence: Sequence | None = None
-        self.outcome: str | None = None
+        self.sequence: Generation | None = None
+        self.outcome: Outcome | None = None
         self._generation_done = asyncio.Event()
         self._durable = asyncio.Event()
-        self._output = OutputAssembler(record.response_id, self._emit, output_mode(self.request))
         self._ext = extensions.Extensions()
-        self._pipeline = OutputPipeline(runtime.renderer.tokenizer, self._output)
+        self._pipeline: OutputPipeline | None = None  # built once, when the request has been read
         self._input_tokens = 0
         self._recorder = recorder or metrics.Recorder()
         self._meter: metrics.TokenMeter | None = None
@@ -124,12 +121,12 @@ class TaskRun:
 
     def on_cancel_requested(self) -> None:
         if self.sequence is not None:
-            self.runtime.engine.stop(self.sequence, CANCELLED)
+            self.runtime.engine.stop(self.sequence, Finish.CANCELLED)
 
     def on_fenced(self) -> None:
-        self.outcome = FENCED
+        self.outcome = Finish.FENCED
         if self.sequence is not None:
-            self.runtime.engine.stop(self.sequence, FENCED)
+            self.runtime.engine.stop(self.sequence, Finish.FENCED)
         self._generation_done.set()
         self._durable.set()
 
@@ -157,15 +154,15 @@ class TaskRun:
                     await self._generation_done.wait()
             except TimeoutError:
                 assert self.sequence is not None
-                self.runtime.engine.stop(self.sequence, TIMEOUT)
+                self.runtime.engine.stop(self.sequence, Finish.TIMEOUT)
                 await self._generation_done.wait()
         await self._durable.wait()
-        return self.outcome or "done"
+        return str(self.outcome or "done")
 
     async def hand_back(self) -> None:
         """Stop generating without a final event; store what was produced (worker shutdown)."""
         if self.sequence is not None and self.sequence.finish_reason is None:
-            self.runtime.engine.stop(self.sequence, RELEASED)
+            self.runtime.engine.stop(self.sequence, Finish.RELEASED)
         await self._generation_done.wait()
         await self.writer.settled(self.task_id)
         self.writer.close(self.task_id)
@@ -176,27 +173,29 @@ class TaskRun:
         items = self.record.input_items(self.request)
         check_request(self.request, spec, items)
         self._ext = extensions.parse(self.request.extensions)
-        self._pipeline = OutputPipeline(self.runtime.renderer.tokenizer, self._output, spec.reasoning, self._ext.stop)
+        assembler = OutputAssembler(self.record.response_id, output_mode(self.request), history.items)
+        self._pipeline = OutputPipeline(self.runtime.renderer.tokenizer, assembler, spec.reasoning, self._ext.stop)
         prompt = self.runtime.renderer.prompt_ids(self.request, items)
         budget = output_budget(self.request, spec, len(prompt))
         return prompt, budget, self._constraint(grammars.generation_grammar(self.request, reasoning=spec.reasoning),
                                                 history.tokens)
 
     def _start(self, prompt: list[int], budget: int, constraint: LogitsConstraint | None, history: History) -> None:
+        pipeline = self._output_path()
         self._input_tokens = len(prompt)
         if history.last_event_id == 0:
-            self._emit(wire.CREATED, wire.ResponseCreated(response_id=self.record.response_id))
-            self._pipeline.start()
+            self._publish([(wire.CREATED, wire.ResponseCreated(response_id=self.record.response_id)),
+                           *pipeline.start()])
         else:
-            self._replay(history)
+            pipeline.replay(history.tokens)  # to where the stored events end: theirs are stored already
         self._meter = self._recorder.meter(self.record.model, self.record.created_at, bool(history.tokens))
         params = SamplingParams(temperature=self.request.temperature or 0.0, top_p=self._ext.top_p or 1.0,
                                 seed=self._ext.seed)
-        self.sequence = Sequence(prompt, budget, RowSampler(params, constraint),
-                                 self.runtime.renderer.card.stop_token_ids, sink=self, generated=history.tokens)
+        self.sequence = Generation(prompt, budget, RowSampler(params, constraint),
+                                   self.runtime.renderer.card.stop_token_ids, sink=self, generated=history.tokens)
         self.runtime.engine.submit(self.sequence)
-        if self._pipeline.stopped:  # the stored tokens already end with a stop string
-            self.runtime.engine.stop(self.sequence, eng.STOP)
+        if pipeline.stopped:  # the stored tokens already end with a stop string
+            self.runtime.engine.stop(self.sequence, Finish.STOP)
 
     def _constraint(self, grammar: str | None, generated: tuple[int, ...]) -> LogitsConstraint | None:
         """The output grammar and, for a reasoning model, the reasoning budget."""
@@ -217,33 +216,30 @@ class TaskRun:
             raise GenerationFailed(f"The reasoning section cannot be closed: {exc}") from exc
         return ReasoningConstraint(tokenizer, reasoning, budget, closing, constraint, generated)
 
-    def _replay(self, history: History) -> None:
-        """Bring decoding and output assembly to where the stored events end, emitting nothing."""
-        self._output.known = history.items
-        self._output.emit = lambda name, data: None
-        self._pipeline.start()
-        self._pipeline.replay(history.tokens)
-        self._output.emit = self._emit
+    def _output_path(self) -> OutputPipeline:
+        assert self._pipeline is not None, "the request has not been prepared"
+        return self._pipeline
 
     # --- engine sink -----------------------------------------------------------------------------
 
-    def on_token(self, seq: Sequence, token: int) -> None:
+    def on_token(self, seq: Generation, token: int) -> None:
         if self._meter is not None:
             self._meter.token()
         self.writer.tokens(self, [token])
-        self._pipeline.push(token)
-        if self._pipeline.stopped:
-            self.runtime.engine.stop(seq, eng.STOP)
+        pipeline = self._output_path()
+        self._publish(pipeline.push(token))
+        if pipeline.stopped:
+            self.runtime.engine.stop(seq, Finish.STOP)
 
-    def on_finish(self, seq: Sequence, reason: str, error: BaseException | None) -> None:
+    def on_finish(self, seq: Generation, reason: Finish, error: BaseException | None) -> None:
         try:
-            if reason in (RELEASED, FENCED):
+            if reason is Finish.RELEASED or reason is Finish.FENCED:
                 self.outcome = self.outcome or reason
                 return
-            if reason == eng.ERROR:
+            if reason is Finish.ERROR:
                 logger.error("task %s: generation failed: %r", self.task_id, error)
                 self._fail(GenerationFailed("The model failed while generating.").problem())
-            elif reason == TIMEOUT:
+            elif reason is Finish.TIMEOUT:
                 self._fail(GenerationFailed(
                     f"Generation ran past the time limit of {self.settings.job_timeout:g} s.",
                     code="generation_timeout").problem())
@@ -254,30 +250,37 @@ class TaskRun:
 
     # --- events ----------------------------------------------------------------------------------
 
-    def _emit(self, name: str, data: Any) -> None:
-        self._delivered.add(name, data)
-        self.writer.event(self, name, wire.encoder.encode(data))
+    def _publish(self, events: list[OutEvent]) -> None:
+        """Events out, in order: to the writer, and to what the run has delivered."""
+        for name, data in events:
+            self._delivered.add(name, data)
+            self.writer.event(self, name, wire.encoder.encode(data))
 
-    def _complete(self, seq: Sequence, reason: str) -> None:
-        items = self._pipeline.finish()
+    def _publish_one(self, name: str, data: Any) -> None:
+        self._publish([(name, data)])
+
+    def _complete(self, seq: Generation, reason: Finish) -> None:
+        pipeline = self._output_path()
+        items, closing = pipeline.finish()
+        self._publish(closing)
         token_details = None
         if self.runtime.spec.reasoning is not None:
-            token_details = wire.OutputTokensDetails(reasoning_tokens=self._pipeline.reasoning_tokens)
+            token_details = wire.OutputTokensDetails(reasoning_tokens=pipeline.reasoning_tokens)
         usage = wire.Usage(input_tokens=self._input_tokens, output_tokens=len(seq.generated),
                            total_tokens=self._input_tokens + len(seq.generated), output_tokens_details=token_details)
         rid = self.record.response_id
         details = None
-        if reason == CANCELLED:
+        if reason is Finish.CANCELLED:
             status: wire.ResponseStatus = "cancelled"
-            self._emit(wire.CANCELLED, wire.ResponseCancelled(response_id=rid, status=status))
-        elif reason == eng.LENGTH:
+            self._publish_one(wire.CANCELLED, wire.ResponseCancelled(response_id=rid, status=status))
+        elif reason is Finish.LENGTH:
             status = "incomplete"
             details = wire.IncompleteDetails(reason="max_output_tokens")
-            self._emit(wire.INCOMPLETE, wire.ResponseIncomplete(response_id=rid, status=status,
+            self._publish_one(wire.INCOMPLETE, wire.ResponseIncomplete(response_id=rid, status=status,
                                                                 incomplete_details=details, usage=usage))
         else:
             status = "completed"
-            self._emit(wire.COMPLETED, wire.ResponseCompleted(response_id=rid, status=status, usage=usage))
+            self._publish_one(wire.COMPLETED, wire.ResponseCompleted(response_id=rid, status=status, usage=usage))
         response = self._response(status, items, usage, incomplete=details)
         self.outcome = status
         self.writer.finalize(self, Final(status, wire.encoder.encode(response)))
@@ -287,7 +290,8 @@ class TaskRun:
         did not finish marked ``incomplete`` (text held back, by stop strings say, was never sent)."""
         rid = self.record.response_id
         output = self._delivered.items()
-        self._emit(wire.FAILED, wire.ResponseFailed(response_id=rid, status="failed", error=problem, output=output))
+        self._publish_one(wire.FAILED,
+                          wire.ResponseFailed(response_id=rid, status="failed", error=problem, output=output))
         response = self._response("failed", output, None, error=problem)
         self.outcome = "failed"
         self.writer.finalize(self, Final("failed", wire.encoder.encode(response), wire.encoder.encode(problem)))

@@ -62,4 +62,5 @@ async def test_a_task_that_never_started_has_no_history(redis: aioredis.Redis, s
                                                         model: str) -> None:
     record = await new_task(store, model)
     claim = await claimed(store, record, "a")
-    assert await load_history(redis, record.id, record.response_id, claim.last_event_id) == History()
+    history = await load_history(redis, record.id, record.response_id, claim.last_event_id)
+    assert history == History() and history.delivered.items() == []

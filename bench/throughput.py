@@ -304,7 +304,7 @@ async def storage(stack: Stack, table: Table) -> None:
         if record is None or record.decode() == UNSERVED:
             continue  # only tasks the worker generated
         stream_bytes += await redis.memory_usage(key, samples=0) or 0
-        checkpoint_bytes += await redis.memory_usage(keys.tokens(task_id), samples=0) or 0
+        checkpoint_bytes += await redis.memory_usage(keys.token_ids(task_id), samples=0) or 0
         entries += await redis.xlen(key)
     await redis.aclose()
     if entries:

@@ -98,7 +98,7 @@ def _pack_tokens(tokens: tuple[int, ...]) -> bytes:
 
 async def read_tokens(redis: Redis, task_id: str) -> tuple[int, ...]:
     """The task's token checkpoint: every token id whose events are stored, in order."""
-    raw: bytes = await redis.get(keys.tokens(task_id)) or b""
+    raw: bytes = await redis.get(keys.token_ids(task_id)) or b""
     return struct.unpack(f"<{len(raw) // 4}I", raw)
 
 

@@ -20,7 +20,7 @@ def events(task_id: str) -> str:
     return f"{PREFIX}:task:{{{task_id}}}:events"
 
 
-def tokens(task_id: str) -> str:
+def token_ids(task_id: str) -> str:
     """String: generated token ids (uint32 little-endian), the worker's resume checkpoint."""
     return f"{PREFIX}:task:{{{task_id}}}:tokens"
 
@@ -38,7 +38,7 @@ def response(response_id: str) -> str:
 
 def script_keys(task_id: str) -> list[str]:
     """The keys the task scripts (``lmsp_core.scripts``) take, in their order."""
-    return [task(task_id), events(task_id), tokens(task_id), stored(task_id)]
+    return [task(task_id), events(task_id), token_ids(task_id), stored(task_id)]
 
 
 def owner_tasks(owner: str) -> str:
@@ -97,17 +97,17 @@ def worker(worker_id: str) -> str:
     return f"{PREFIX}:worker:{worker_id}"
 
 
-# --- security: tokens, idempotency, rate and stream limits ------------------------------------
-# Token keys share the hash tag ``{auth}`` so that creating or revoking a token (the token and
+# --- security: credentials (bearer tokens), idempotency, rate and stream limits ---------------
+# Credential keys share the hash tag ``{auth}`` so that creating or revoking a token (the token and
 # the index together) is one transaction on Redis Cluster too. Tokens are few; one slot is fine.
 
 
-def token(token_hash: str) -> str:
+def credential(token_hash: str) -> str:
     """String: JSON of a token's record (id, principal, scopes), keyed by the SHA-256 of the token."""
     return f"{PREFIX}:{{auth}}:token:{token_hash}"
 
 
-def token_index() -> str:
+def credential_index() -> str:
     """Hash: token id -> SHA-256 of the token (for listing and revoking by id)."""
     return f"{PREFIX}:{{auth}}:tokens"
 

@@ -91,8 +91,8 @@ async def create(redis: Redis, principal: str, scopes: str | list[str]) -> tuple
     token = new_token()
     digest = hash_token(token)
     async with redis.pipeline(transaction=True) as pipe:
-        pipe.set(keys.token(digest), msgspec.json.encode(record))
-        pipe.hset(keys.token_index(), record.id, digest)
+        pipe.set(keys.credential(digest), msgspec.json.encode(record))
+        pipe.hset(keys.credential_index(), record.id, digest)
         await pipe.execute()
     return token, record
 
@@ -106,7 +106,7 @@ async def authenticate(redis: Redis, token: str) -> Identity | None:
     """
     if not token.startswith(TOKEN_PREFIX) or len(token) > 256:
         return None
-    raw = await redis.get(keys.token(hash_token(token)))
+    raw = await redis.get(keys.credential(hash_token(token)))
     if raw is None:
         return None
     record = msgspec.json.decode(raw, type=TokenRecord)
@@ -115,21 +115,21 @@ async def authenticate(redis: Redis, token: str) -> Identity | None:
 
 
 async def list_tokens(redis: Redis) -> list[TokenRecord]:
-    index: dict[bytes, bytes] = await redis.hgetall(keys.token_index())  # type: ignore[misc]
+    index: dict[bytes, bytes] = await redis.hgetall(keys.credential_index())  # type: ignore[misc]
     if not index:
         return []
-    raws = await redis.mget([keys.token(digest.decode()) for digest in index.values()])
+    raws = await redis.mget([keys.credential(digest.decode()) for digest in index.values()])
     records = [msgspec.json.decode(raw, type=TokenRecord) for raw in raws if raw is not None]
     return sorted(records, key=lambda r: r.created_at)
 
 
 async def revoke(redis: Redis, token_id: str) -> bool:
     """Revoke a token by id; False if no such token. Takes effect on the next request."""
-    digest = await redis.hget(keys.token_index(), token_id)  # type: ignore[misc]
+    digest = await redis.hget(keys.credential_index(), token_id)  # type: ignore[misc]
     if digest is None:
         return False
     async with redis.pipeline(transaction=True) as pipe:
-        pipe.delete(keys.token(digest.decode()))
-        pipe.hdel(keys.token_index(), token_id)
+        pipe.delete(keys.credential(digest.decode()))
+        pipe.hdel(keys.credential_index(), token_id)
         await pipe.execute()
     return True

@@ -148,7 +148,7 @@ async def test_closing_a_direct_stream_cancels_its_task(client: httpx.AsyncClien
     task = await _final_status(redis, response_id)
     assert task[b"status"] == b"cancelled"
     assert task[b"kind"] == b"direct"
-    generated = len(await redis.get(keys.tokens(task[b"id"].decode())) or b"") // 4
+    generated = len(await redis.get(keys.token_ids(task[b"id"].decode())) or b"") // 4
     assert generated < 1000
     last = await eventlog.last_event(redis, task[b"id"].decode(), response_id)
     assert last is not None and last.name == wire.CANCELLED

@@ -26,7 +26,7 @@ from lmsp_core.tasks import TaskRecord
 
 logger = logging.getLogger(__name__)
 
-Batch = list[Event]  # consecutive events, oldest first
+Events = list[Event]  # consecutive events, oldest first
 
 
 class _Link:
@@ -34,7 +34,7 @@ class _Link:
 
     __slots__ = ("events", "next")
 
-    def __init__(self, events: Batch) -> None:
+    def __init__(self, events: Events) -> None:
         self.events = events
         self.next: asyncio.Future[_Link] = asyncio.get_running_loop().create_future()
 
@@ -48,7 +48,7 @@ class _Feed:
         self.followers = 0
         self.runner: asyncio.Task[None] | None = None
 
-    def deliver(self, events: Batch) -> None:
+    def deliver(self, events: Events) -> None:
         link = _Link(events)
         self.tail.next.set_result(link)
         self.tail = link
@@ -68,7 +68,7 @@ class EventHub:
     def followed_tasks(self) -> int:
         return len(self._feeds)
 
-    async def follow(self, record: TaskRecord, after: int) -> AsyncIterator[Batch | None]:
+    async def follow(self, record: TaskRecord, after: int) -> AsyncIterator[Events | None]:
         """Batches of the events numbered above ``after``, up to and including the final one; ``None``
         for each heartbeat interval without an event. A batch holds whatever arrived together (a
         replayed chunk, or what a slow reader has not taken yet), so a busy API writes less often
@@ -90,7 +90,7 @@ class EventHub:
         finally:
             self._detach(feed)
 
-    async def _live(self, record: TaskRecord, link: _Link, last: int) -> AsyncIterator[Batch | None]:
+    async def _live(self, record: TaskRecord, link: _Link, last: int) -> AsyncIterator[Events | None]:
         # first whatever the shared feed delivered before we attached
         async for batch in self._replay(record, last):
             yield batch
@@ -102,7 +102,7 @@ class EventHub:
             if not delivered:
                 yield None
                 continue
-            fresh: Batch = []
+            fresh: Events = []
             for event in delivered:
                 if event.id <= last:
                     if event.final:
@@ -120,7 +120,7 @@ class EventHub:
                     return
 
     @staticmethod
-    async def _next(link: _Link) -> tuple[_Link, Batch]:
+    async def _next(link: _Link) -> tuple[_Link, Events]:
         """The links after ``link`` that are there (waiting for the first): the last one and their events."""
         # shielded: cancelling a task cancels the future it awaits, and this one is every follower's
         # (one client going away would end the others' streams and the feed with them)
@@ -131,7 +131,7 @@ class EventHub:
             events += link.events
         return link, events
 
-    async def _replay(self, record: TaskRecord, after: int, until: int | None = None) -> AsyncIterator[Batch]:
+    async def _replay(self, record: TaskRecord, after: int, until: int | None = None) -> AsyncIterator[Events]:
         while True:
             chunk = await eventlog.read_after(self.redis, record.id, record.response_id, after, until=until)
             if chunk:

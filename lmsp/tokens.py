@@ -8,12 +8,13 @@ import argparse
 import asyncio
 import sys
 import time
+from typing import TYPE_CHECKING
 
-from redis.asyncio import Redis
-
-from lmsp_core import connections, tokens
 from lmsp_core.errors import InvalidRequest
 from lmsp_core.settings import Settings
+
+if TYPE_CHECKING:  # the service's packages (extra "api"): imported when the command runs
+    from redis.asyncio import Redis
 
 
 def add_parser(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
@@ -21,7 +22,8 @@ def add_parser(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") 
     actions = token.add_subparsers(dest="action", required=True)
     create = actions.add_parser("create", help="create a token and print it once")
     create.add_argument("--principal", required=True, help="the tenant that owns what the token creates")
-    create.add_argument("--scopes", required=True, help=f"comma-separated, of: {', '.join(tokens.GRANTABLE)}")
+    create.add_argument("--scopes", required=True, help="comma-separated, of: models:read, responses:write, "
+                        "responses:read, tasks:write, tasks:read")
     listing = actions.add_parser("list", help="list tokens (ids, principals, scopes; never the tokens)")
     revoke = actions.add_parser("revoke", help="revoke a token by id")
     revoke.add_argument("token_id", metavar="ID")
@@ -46,6 +48,8 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def _run(args: argparse.Namespace, settings: Settings) -> int:
+    from lmsp_core import connections, tokens
+
     redis = connections.connect(settings)
     try:
         if args.action == "create":
@@ -69,7 +73,9 @@ async def _run(args: argparse.Namespace, settings: Settings) -> int:
         await redis.aclose()
 
 
-async def _replicated(redis: Redis, settings: Settings) -> None:
+async def _replicated(redis: "Redis", settings: Settings) -> None:
+    from lmsp_core import connections
+
     # a revocation that a failover loses would let the token in again: say so when unconfirmed
     if not await connections.replicated(redis, connections.ReplicaWatch(settings)):
         print(f"lmsp token: warning: no replica confirmed the change within {settings.redis_wait_timeout} s; "

@@ -9,6 +9,7 @@ from litestar.di import Provide
 
 from api import openapi
 from api.auth import authorize, check_exposure, check_routes
+from api.bodies import ClosedStructSchemaPlugin, strict_body
 from api.deps import provide_identity, provide_owner, provide_services
 from api.extension_header import IGNORED_EXTENSIONS_HEADER
 from api.idempotency import HEADER as IDEMPOTENCY_HEADER
@@ -72,6 +73,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
         },
         guards=[authorize],
         exception_handlers=HANDLERS,
+        before_request=strict_body,
         after_request=problems_only,
         middleware=[VersionMiddleware()],
         before_send=[add_version_header],
@@ -81,6 +83,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
         request_max_body_size=settings.max_body_bytes,
         cors_config=cors_config(settings),
         openapi_config=openapi.config(),
+        plugins=[ClosedStructSchemaPlugin()],
         logging_config=None,
     )
     check_routes(app)

@@ -8,7 +8,8 @@ a lapsed lease lets another worker claim the task and resume it. Every task is a
 model's index of unfinished tasks (``taskindex``), where reapers find tasks nobody runs any more.
 """
 
-from typing import Any, Literal
+import re
+from typing import Any, ClassVar, Literal
 
 import msgspec
 from redis.asyncio import Redis
@@ -32,11 +33,14 @@ class ListCursor(msgspec.Struct, frozen=True):
     def encode(self) -> str:
         return f"{self.created_ms}.{self.task_id}"
 
+    # what ``encode`` writes: milliseconds (13 digits until the year 2286), a dot, a task id
+    PATTERN: ClassVar[str] = rf"[0-9]{{1,15}}\.{ids.pattern(ids.TASK)}"
+
     @classmethod
     def decode(cls, raw: str) -> "ListCursor | None":
-        head, _, task_id = raw.partition(".")
-        if not (head.isascii() and head.isdigit() and ids.is_id(task_id, ids.TASK)):
+        if re.fullmatch(cls.PATTERN, raw) is None:
             return None
+        head, _, task_id = raw.partition(".")
         return cls(int(head), task_id)
 
     @classmethod

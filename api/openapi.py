@@ -15,8 +15,9 @@ from litestar.openapi.datastructures import ResponseSpec
 from litestar.openapi.spec import Example
 
 from api import streamdoc
+from api.bodies import StructDoc
 from api.problems import MEDIA_TYPE
-from lmsp_core import wire
+from lmsp_core import extensions, wire
 from lmsp_core.errors import problem
 from lmsp_core.tasks import ListCursor
 
@@ -142,6 +143,11 @@ _PROBLEMS: dict[str, tuple[int, str, str]] = {
     "too_many_streams": (429, "Too Many Requests", "This principal already has 32 open streams; close one or retry "
                                                    "later."),
 }
+# what the LMSP request body's types alone do not say (api.bodies)
+BODIES: dict[type, StructDoc] = {
+    wire.ResponseRequest: StructDoc(fields={"extensions": {"anyOf": [extensions.json_schema(), {"type": "null"}]}}),
+}
+
 # what every route with a scope may answer: no or a bad token, a token without the scope, the rate limit
 GUARDED = ("unauthorized", "insufficient_scope", "rate_limited")
 

@@ -124,12 +124,19 @@ def _serve(settings: Settings, models: list[str], children: list[subprocess.Pope
 
 def stop_children(children: list[subprocess.Popen[bytes]], timeout: float = 15) -> None:
     """Stop the newest child first and wait for it: the worker hands its tasks back through Redis,
-    so Redis stops last. A child that outlasts ``timeout`` is killed."""
-    for child in reversed(children):
-        if child.poll() is None:
-            child.terminate()
-        try:
-            child.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            child.kill()
-            child.wait()
+    so Redis stops last. A child that outlasts ``timeout`` is killed, and so is every child left when
+    a second Ctrl-C cuts the waiting short."""
+    try:
+        for child in reversed(children):
+            if child.poll() is None:
+                child.terminate()
+            try:
+                child.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()
+    except KeyboardInterrupt:
+        for child in children:
+            if child.poll() is None:
+                child.kill()
+        raise

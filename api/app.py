@@ -9,10 +9,12 @@ from litestar.di import Provide
 
 from api import openapi
 from api.auth import authorize, check_exposure, check_routes
+from api.bodies import StructSchemaFromMsgspec, strict_body
 from api.deps import provide_identity, provide_owner, provide_services
 from api.extension_header import IGNORED_EXTENSIONS_HEADER
 from api.idempotency import HEADER as IDEMPOTENCY_HEADER
 from api.idempotency import REPLAYED_HEADER
+from api.openai import bodydocs as openai_bodies
 from api.problems import HANDLERS, problems_only
 from api.routes.health import healthz, prometheus_metrics, readyz, status
 from api.routes.models import ModelsController
@@ -72,6 +74,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
         },
         guards=[authorize],
         exception_handlers=HANDLERS,
+        before_request=strict_body,
         after_request=problems_only,
         middleware=[VersionMiddleware()],
         before_send=[add_version_header],
@@ -81,6 +84,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
         request_max_body_size=settings.max_body_bytes,
         cors_config=cors_config(settings),
         openapi_config=openapi.config(),
+        plugins=[StructSchemaFromMsgspec({**openapi.BODIES, **openai_bodies.BODIES})],
         logging_config=None,
     )
     check_routes(app)

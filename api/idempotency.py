@@ -22,7 +22,11 @@ HEADER = "Idempotency-Key"
 REPLAYED_HEADER = "Idempotent-Replayed"
 REPLAYED = {REPLAYED_HEADER: "true"}  # on the answers to repeats
 
-IdempotencyKey = Annotated[str | None, HeaderParameter(name=HEADER)]
+# documented as parse_key checks it, so that every key the schema allows is accepted
+KEY_SCHEMA = {"type": "string", "oneOf": None, "minLength": 1, "maxLength": MAX_KEY_LENGTH, "pattern": "^[!-~]+$"}
+IdempotencyKey = Annotated[str | None, HeaderParameter(
+    name=HEADER, description=f"1-{MAX_KEY_LENGTH} visible ASCII characters; a repeat with the same key and body "
+                             "answers from the first request's generation", schema_extra=KEY_SCHEMA)]
 _canonical = msgspec.json.Encoder(order="sorted")  # object keys sorted at every level
 
 

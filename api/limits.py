@@ -1,5 +1,8 @@
 """Per-principal limits shared by all API processes through Redis: request rate and open streams.
 
+Both are off by default with ``LMSP_AUTH=none`` (one principal: every local client), on with
+tokens; an explicit ``LMSP_RATE_LIMIT`` / ``LMSP_MAX_STREAMS`` applies in either mode.
+
 Rate: a fixed window per principal. The first request of a window creates a counter that expires
 after ``LMSP_RATE_WINDOW`` seconds (Redis's clock, not the hosts'); a request above
 ``LMSP_RATE_LIMIT`` in the window gets ``429 rate_limited`` with ``Retry-After`` = the window's rest.
@@ -70,7 +73,7 @@ class Limits:
         self._renewer: asyncio.Task[None] | None = None
 
     async def count_request(self, principal: str) -> None:
-        limit = self.settings.rate_limit
+        limit = self.settings.principal_rate_limit
         if limit == 0:
             return
         count, left_ms = await self._count(keys=[keys.rate(principal)],
@@ -82,11 +85,11 @@ class Limits:
     async def open_stream(self, principal: str) -> "StreamSlot":
         """Take one of the principal's stream slots, or raise 429 ``too_many_streams``."""
         member = ids.new_id("sse")
-        taken = await self._acquire(keys=[keys.streams(principal)],
-                                    args=[member, self._lease_ms, self.settings.max_streams])
+        limit = self.settings.principal_max_streams
+        taken = await self._acquire(keys=[keys.streams(principal)], args=[member, self._lease_ms, limit])
         if not taken:
-            raise TooManyRequests(f"This principal already has {self.settings.max_streams} open streams; close "
-                                  "one or retry later.", retry_after=5, code="too_many_streams")
+            raise TooManyRequests(f"This principal already has {limit} open streams; close one or retry later.",
+                                  retry_after=5, code="too_many_streams")
         self._open.setdefault(principal, set()).add(member)
         return StreamSlot(self, principal, member)
 

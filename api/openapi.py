@@ -14,9 +14,12 @@ from litestar.openapi import OpenAPIConfig
 from litestar.openapi.datastructures import ResponseSpec
 from litestar.openapi.spec import Example
 
+from api import streamdoc
+from api.bodies import StructDoc
 from api.problems import MEDIA_TYPE
-from lmsp_core import wire
+from lmsp_core import extensions, wire
 from lmsp_core.errors import problem
+from lmsp_core.tasks import ListCursor
 
 TASK_ID = "task_01J8M6Q4W2T7N5R3V9X1Z8B0DF"
 RESPONSE_ID = "resp_01J8M6Q4W2T7N5R3V9X1Z8B0DF"
@@ -94,6 +97,27 @@ EVENT_STREAM = _sse(_EVENTS)
 # the queue position of a waiting task is a comment line (an event only with ?queue_events=true)
 TASK_EVENT_STREAM = ": queued 2\n\n" + _sse(_EVENTS)
 
+# each event of a response's stream (6.3) and the type of its data
+_RESPONSE_EVENTS: dict[str, Any] = {
+    wire.CREATED: wire.ResponseCreated, wire.ITEM_ADDED: wire.OutputItemAdded, wire.TEXT_DELTA: wire.OutputTextDelta,
+    wire.REASONING_DELTA: wire.ReasoningSummaryTextDelta, wire.ITEM_DONE: wire.OutputItemDone,
+    wire.COMPLETED: wire.ResponseCompleted, wire.INCOMPLETE: wire.ResponseIncomplete, wire.FAILED: wire.ResponseFailed,
+    wire.CANCELLED: wire.ResponseCancelled,
+    wire.ERROR: wire.ErrorEventData,  # no id: the store went away, the client resumes after the last id
+}
+RESPONSE_EVENTS = streamdoc.event_schema({name: streamdoc.json_data(kind) for name, kind in _RESPONSE_EVENTS.items()},
+                                         numbered=True)
+TASK_EVENTS = streamdoc.event_schema({name: streamdoc.json_data(kind) for name, kind in
+                                      {**_RESPONSE_EVENTS, wire.QUEUED: wire.TaskQueued}.items()}, numbered=True)
+
+# Parameters the handlers check themselves (with their own problem codes), documented with the same
+# constraints, so that every value the schema allows is accepted. An event number; empty: none (from
+# the start). Up to 18 digits: each such number is a valid cursor.
+EVENT_CURSOR: dict[str, Any] = {"type": "string", "pattern": "^[0-9]{0,18}$",
+                                "description": "the number of the last event received"}
+# `next_cursor` of the previous page; empty: the first page (schema_extra of a Litestar parameter)
+LIST_CURSOR: dict[str, Any] = {"type": "string", "oneOf": None, "pattern": f"^({ListCursor.PATTERN})?$"}
+
 _PROBLEMS: dict[str, tuple[int, str, str]] = {
     "invalid_request": (400, "Invalid request", "Object missing required field `model` - at `$`"),
     "invalid_extension": (400, "Invalid request", "Extension 'x-seed': Expected `int` >= 0"),
@@ -117,7 +141,16 @@ _PROBLEMS: dict[str, tuple[int, str, str]] = {
     "idempotency_key_reused": (422, "Unprocessable Content",
                                "This Idempotency-Key was used with another request body."),
     "rate_limited": (429, "Too Many Requests", "Too many requests; retry after the time in Retry-After."),
+    "too_many_streams": (429, "Too Many Requests", "This principal already has 32 open streams; close one or retry "
+                                                   "later."),
 }
+# what the LMSP request body's types alone do not say (api.bodies)
+BODIES: dict[type, StructDoc] = {
+    wire.ResponseRequest: StructDoc(fields={"extensions": {"anyOf": [extensions.json_schema(), {"type": "null"}]}}),
+}
+
+# what every route with a scope may answer: no or a bad token, a token without the scope, the rate limit
+GUARDED = ("unauthorized", "insufficient_scope", "rate_limited")
 
 _STATUS_TEXT = {400: "Bad request", 401: "Unauthorized", 403: "Forbidden", 404: "Not found", 410: "Gone",
                 422: "Unprocessable content", 429: "Too many requests", 500: "Generation failed",
@@ -152,6 +185,18 @@ def ok(data_container: Any, description: str, *examples: Example, media_type: st
 def event_stream(description: str, value: str) -> ResponseSpec:
     return ok(str, description, LiteralExample(id="events", summary="Server-sent events", value=value),
               media_type="text/event-stream")
+
+
+def _events(value: str) -> Example:
+    return LiteralExample(id="events", summary="Server-sent events", value=value)
+
+
+STREAMED_RESPONSE = streamdoc.streaming(
+    "With `stream: true`: the response's events (6.3), each with its `id`, up to the final one", RESPONSE_EVENTS,
+    _events(EVENT_STREAM))
+TASK_EVENT_STREAM_OPERATION = streamdoc.streaming(
+    "The task's events, then the end of the stream", TASK_EVENTS, _events(TASK_EVENT_STREAM),
+    parameters={"after": EVENT_CURSOR, "Last-Event-ID": EVENT_CURSOR})
 
 
 def config() -> OpenAPIConfig:

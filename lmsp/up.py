@@ -2,7 +2,8 @@
 
 Starts a local ``redis-server`` (append-only file in the data directory, on a free port) unless a
 Redis URL or sentinels are given, one worker process for the requested models, and the API in this
-process. Stopping the API (Ctrl-C) stops the rest.
+process. Stopping it, with Ctrl-C (SIGINT) or SIGTERM (``kill``, systemd, ``docker stop``), stops the
+rest: the worker first (it hands its running tasks back), then the redis-server.
 
 Authentication: on a loopback address (the default, 127.0.0.1) ``lmsp up`` runs with
 ``LMSP_AUTH=none``; on any other address it keeps bearer tokens. An explicit ``LMSP_AUTH`` wins
@@ -12,12 +13,14 @@ Authentication: on a loopback address (the default, 127.0.0.1) ``lmsp up`` runs 
 import logging
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
+from types import FrameType
 
 from api.auth import is_loopback
 from lmsp_core import logs
@@ -38,7 +41,8 @@ def data_dir() -> Path:
     return Path(base) / "lmsp"
 
 
-def start_redis(directory: Path) -> tuple[subprocess.Popen[bytes], str]:
+def start_redis(directory: Path, children: list[subprocess.Popen[bytes]]) -> str:
+    """A redis-server on a free port, appended to ``children`` as soon as it runs; its URL."""
     binary = shutil.which("redis-server")
     if binary is None:
         raise SystemExit("redis-server is not installed; run scripts/bootstrap or pass --redis-url")
@@ -49,15 +53,15 @@ def start_redis(directory: Path) -> tuple[subprocess.Popen[bytes], str]:
          "--save", "", "--daemonize", "no", "--loglevel", "warning"],
         stdout=subprocess.DEVNULL,
     )
+    children.append(process)
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                return process, f"redis://127.0.0.1:{port}/0"
+                return f"redis://127.0.0.1:{port}/0"
         except OSError:
             time.sleep(0.05)
-    process.kill()
-    raise SystemExit("redis-server did not start")
+    raise SystemExit("redis-server did not start")  # the caller stops it
 
 
 def auth_for_up(settings: Settings, environ: Mapping[str, str]) -> Settings:
@@ -72,6 +76,18 @@ def needs_local_redis(settings: Settings, environ: Mapping[str, str]) -> bool:
             and not settings.sentinel_addresses)
 
 
+class Terminated(Exception):
+    """SIGTERM reached ``lmsp up``."""
+
+
+def _on_sigterm(signum: int, frame: FrameType | None) -> None:
+    # uvicorn handles SIGTERM itself while it serves, stops gracefully, restores this handler and
+    # raises the signal again; left at SIG_DFL that kills the process before it stops its children.
+    # A second SIGTERM while the children stop must not cut their shutdown short.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    raise Terminated
+
+
 def up(settings: Settings, models: list[str]) -> int:
     logs.configure(settings.log_level, settings.log_json)
     settings = auth_for_up(settings, os.environ)
@@ -79,25 +95,48 @@ def up(settings: Settings, models: list[str]) -> int:
         logger.info("the API on %s needs bearer tokens: create one with `lmsp token create --redis-url URL "
                     "--principal NAME --scopes ...`", settings.host)
     children: list[subprocess.Popen[bytes]] = []
+    previous = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
-        if needs_local_redis(settings, os.environ):
-            redis, url = start_redis(data_dir() / "redis")
-            children.append(redis)
-            settings = settings.replace(redis_url=url)
-            logger.info("local redis-server at %s (data in %s)", url, data_dir() / "redis")
-        env = {**os.environ, **settings.redis_env()}
-        worker_cmd = [sys.executable, "-m", "lmsp.cli", "worker"] + [arg for m in models for arg in ("--model", m)]
-        children.append(subprocess.Popen(worker_cmd, env=env))
-        logger.info("API on http://%s:%d, models: %s", settings.host, settings.port, ", ".join(models))
-        from api.server import run
-
-        run(settings)
+        _serve(settings, models, children)
+    except (Terminated, KeyboardInterrupt):
+        logger.info("stopping")
     finally:
+        stop_children(children)
+        signal.signal(signal.SIGTERM, previous)
+    return 0
+
+
+def _serve(settings: Settings, models: list[str], children: list[subprocess.Popen[bytes]]) -> None:
+    """Start redis-server (unless one is given) and the worker, appending them to ``children`` at
+    once so that a signal at any point stops what was started; then serve the API until stopped."""
+    if needs_local_redis(settings, os.environ):
+        url = start_redis(data_dir() / "redis", children)
+        settings = settings.replace(redis_url=url)
+        logger.info("local redis-server at %s (data in %s)", url, data_dir() / "redis")
+    env = {**os.environ, **settings.redis_env()}
+    worker_cmd = [sys.executable, "-m", "lmsp.cli", "worker"] + [arg for m in models for arg in ("--model", m)]
+    children.append(subprocess.Popen(worker_cmd, env=env))
+    logger.info("API on http://%s:%d, models: %s", settings.host, settings.port, ", ".join(models))
+    from api.server import run
+
+    run(settings)
+
+
+def stop_children(children: list[subprocess.Popen[bytes]], timeout: float = 15) -> None:
+    """Stop the newest child first and wait for it: the worker hands its tasks back through Redis,
+    so Redis stops last. A child that outlasts ``timeout`` is killed, and so is every child left when
+    a second Ctrl-C cuts the waiting short."""
+    try:
         for child in reversed(children):
-            child.terminate()
-        for child in reversed(children):
+            if child.poll() is None:
+                child.terminate()
             try:
-                child.wait(timeout=15)
+                child.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
                 child.kill()
-    return 0
+                child.wait()
+    except KeyboardInterrupt:
+        for child in children:
+            if child.poll() is None:
+                child.kill()
+        raise

@@ -48,6 +48,13 @@ class Extensions(msgspec.Struct, frozen=True, kw_only=True):
     reasoning_budget: int | None = None
 
 
+def json_schema() -> dict[str, Any]:
+    """The JSON Schema of a request's ``extensions``: any names, and for the known ones their values."""
+    schema: dict[str, Any] = msgspec.json.schema(wire.ExtensionMap)
+    schema["properties"] = {name: msgspec.json.schema(kind) for name, kind in _TYPES.items()}
+    return schema
+
+
 def parse(raw: dict[str, Any] | None) -> Extensions:
     """The known extensions of ``raw``; raises ``InvalidRequest`` for a bad value of a known one."""
     values: dict[str, Any] = {}

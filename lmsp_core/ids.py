@@ -36,6 +36,11 @@ def is_id(value: str, prefix: str) -> bool:
     )
 
 
+def pattern(prefix: str) -> str:
+    """A regular expression (without anchors) of the ids with this prefix, as ``is_id`` checks them."""
+    return f"{prefix}_[0-7][{_CROCKFORD}]{{{_LENGTH - 1}}}"
+
+
 TASK = "task"
 RESPONSE = "resp"
 MESSAGE = "msg"

@@ -11,6 +11,10 @@ from msgspec import Meta
 Seconds = Annotated[float, Meta(gt=0)]
 Count = Annotated[int, Meta(ge=0)]  # 0: no limit
 
+# per-principal limits of a service with bearer tokens, unless set (Settings.rate_limit, max_streams)
+TOKENS_RATE_LIMIT = 600
+TOKENS_MAX_STREAMS = 32
+
 
 def _default_cache() -> str:
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
@@ -66,10 +70,12 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     max_input_items: Annotated[int, Meta(ge=1)] = 1024
     max_tools: Annotated[int, Meta(ge=0)] = 128
     max_input_chars: Annotated[int, Meta(ge=1)] = 1_000_000
-    # per principal: requests per rate window (fixed window), open SSE streams
-    rate_limit: Count = 600
+    # per principal (docs/protocol.md, "Limits"): requests per rate window (fixed window), open SSE
+    # streams; 0: no limit. Unset: 600 and 32 with tokens, no limit with auth "none", whose one
+    # principal is every local client: limits that keep tenants apart would only throttle it
+    rate_limit: Count | None = None
     rate_window: Seconds = 60.0
-    max_streams: Count = 32
+    max_streams: Count | None = None
     # an open stream's slot lapses this long after its API process stops renewing it (a crash)
     stream_lease: Seconds = 30.0
     # queued tasks per model before new work gets 503 server_busy (a model spec may override it)
@@ -100,6 +106,21 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
         Redis of these settings, which command-line flags may have changed."""
         return {"LMSP_REDIS_URL": self.redis_url, "LMSP_REDIS_SENTINELS": self.redis_sentinels,
                 "LMSP_REDIS_MASTER": self.redis_master}
+
+    @property
+    def principal_rate_limit(self) -> int:
+        """Requests per principal and rate window (0: no limit)."""
+        return self._per_principal(self.rate_limit, TOKENS_RATE_LIMIT)
+
+    @property
+    def principal_max_streams(self) -> int:
+        """Open SSE streams per principal (0: no limit)."""
+        return self._per_principal(self.max_streams, TOKENS_MAX_STREAMS)
+
+    def _per_principal(self, value: int | None, with_tokens: int) -> int:
+        if value is not None:
+            return value
+        return with_tokens if self.auth == "tokens" else 0
 
     @property
     def cors_origin_list(self) -> list[str]:

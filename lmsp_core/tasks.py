@@ -9,8 +9,9 @@ model's index of unfinished tasks (``taskindex``), where reapers find tasks nobo
 """
 
 import enum
+import re
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import msgspec
 from redis.asyncio import Redis
@@ -34,11 +35,14 @@ class ListCursor(msgspec.Struct, frozen=True):
     def encode(self) -> str:
         return f"{self.created_ms}.{self.task_id}"
 
+    # what ``encode`` writes: milliseconds (13 digits until the year 2286), a dot, a task id
+    PATTERN: ClassVar[str] = rf"[0-9]{{1,15}}\.{ids.pattern(ids.TASK)}"
+
     @classmethod
     def decode(cls, raw: str) -> "ListCursor | None":
-        head, _, task_id = raw.partition(".")
-        if not (head.isascii() and head.isdigit() and ids.is_id(task_id, ids.TASK)):
+        if re.fullmatch(cls.PATTERN, raw) is None:
             return None
+        head, _, task_id = raw.partition(".")
         return cls(int(head), task_id)
 
     @classmethod

@@ -185,7 +185,8 @@ def service_env(redis_url: str, **settings: Any) -> dict[str, str]:
     env["PYTHONUNBUFFERED"] = "1"
     env["LMSP_TORCH_THREADS"] = "1"  # several workers share 2 cores
     for name, value in settings.items():
-        env[f"LMSP_{name.upper()}"] = str(value)
+        if value is not None:  # None: the setting's own default
+            env[f"LMSP_{name.upper()}"] = str(value)
     return env
 
 

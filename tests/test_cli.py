@@ -1,42 +1,117 @@
 """`lmsp up` runs the whole service on a fresh machine: local redis-server, a worker, the API."""
 
 import asyncio
+import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 import httpx
+import pytest
 
 from lmsp.up import needs_local_redis
 from lmsp_core.settings import Settings
 from tests.support import ROOT, body, free_port, wait_port
 
 
-async def test_lmsp_up_serves_requests_and_stops_cleanly() -> None:
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LMSP_")}
-    env["XDG_DATA_HOME"] = tempfile.mkdtemp(prefix="lmsp-data-")
-    process = subprocess.Popen([sys.executable, "-m", "lmsp.cli", "up", "--port", str(port), "--model", "tiny-random"],
-                               env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+def descendants(pid: int) -> set[int]:
+    """The living processes below ``pid`` (from /proc: children, their children, ...)."""
+    parents: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # gone meanwhile
+        if fields[0] != "Z":
+            parents[int(stat.parent.name)] = int(fields[1])
+    found: set[int] = set()
+    frontier = {pid}
+    while frontier:
+        frontier = {child for child, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found
+
+
+def cmdline(pid: int) -> bytes:
     try:
-        wait_port(port, timeout=60)
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=60) as client:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+class Up:
+    """``lmsp up`` on a free port with the tiny random model and a data directory of its own; its
+    output goes to a file (a pipe would stay open as long as any child holds it)."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith("LMSP_")}
+        self.env["XDG_DATA_HOME"] = tempfile.mkdtemp(prefix="lmsp-data-")
+        self.env["LMSP_TORCH_THREADS"] = "1"
+        self.log = Path(self.env["XDG_DATA_HOME"]) / "up.log"
+        self.children: dict[int, bytes] = {}  # pid: command line
+        with open(self.log, "wb") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "lmsp.cli", "up", "--port", str(self.port), "--model", "tiny-random"],
+                env=self.env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+
+    async def ready(self) -> None:
+        wait_port(self.port, timeout=60)
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{self.port}", timeout=60) as client:
             deadline = time.monotonic() + 120
             while (await client.get("/readyz")).status_code != 200:
                 assert time.monotonic() < deadline, "the worker never became ready"
                 await asyncio.sleep(0.2)
-            response = await client.post("/lmsp/v1/responses", json=body(max_output_tokens=4))
-            assert response.status_code == 200 and response.json()["usage"]["output_tokens"] == 4
+        self.children = {pid: cmdline(pid) for pid in descendants(self.process.pid)}
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def cleanup(self) -> None:
+        """Kill whatever a failed test left running, children included."""
+        left = descendants(self.process.pid) if self.process.poll() is None else set()
+        # an orphaned child, if its pid still runs the same command (not a reused pid)
+        left |= {pid for pid, command in self.children.items() if alive(pid) and cmdline(pid) == command}
+        for pid in left:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait()
+        shutil.rmtree(self.env["XDG_DATA_HOME"], ignore_errors=True)
+
+
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+async def test_lmsp_up_serves_requests_and_stops_its_children(stop: signal.Signals) -> None:
+    up = Up()
+    try:
+        await up.ready()
+        assert len(up.children) >= 2, up.children  # redis-server and the worker
+        if stop == signal.SIGINT:  # one request is enough to show the whole chain works
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{up.port}", timeout=60) as client:
+                response = await client.post("/lmsp/v1/responses", json=body(max_output_tokens=4))
+                assert response.status_code == 200 and response.json()["usage"]["output_tokens"] == 4
+        up.process.send_signal(stop)
+        assert up.process.wait(timeout=60) == 0, up.output()
+        # every child is gone when `lmsp up` returns (systemd and docker stop wait for that)
+        assert not [pid for pid in up.children if alive(pid)], up.output()
+        assert "Traceback" not in up.output()
+        # the local Redis kept its append-only file in the data directory
+        assert (Path(up.env["XDG_DATA_HOME"]) / "lmsp" / "redis").is_dir()
     finally:
-        process.send_signal(signal.SIGINT)
-        output = process.communicate(timeout=60)[0].decode(errors="replace")
-    assert process.returncode == 0, output
-    assert "Traceback" not in output
-    # the local Redis kept its append-only file in the data directory
-    assert os.path.isdir(os.path.join(env["XDG_DATA_HOME"], "lmsp", "redis"))
+        up.cleanup()
 
 
 def test_lmsp_up_starts_its_own_redis_only_without_url_or_sentinels() -> None:

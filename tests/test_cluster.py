@@ -1,7 +1,9 @@
 """The whole flow across two API processes and two workers sharing one Redis, with short retention."""
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 
 import httpx
 import pytest_asyncio
@@ -26,7 +28,8 @@ async def cluster(models_file: str) -> AsyncIterator[Cluster]:
     redis.start()
     settings = {"models_file": models_file, "event_retention": RETENTION}
     apis = [Api(redis.url, **settings).start() for _ in range(2)]
-    workers = [Worker(redis.url, ["tiny-random"], **settings) for _ in range(2)]
+    # tiny-serial runs one task at a time on each worker (test_both_workers_take_tasks)
+    workers = [Worker(redis.url, ["tiny-random", "tiny-serial"], **settings) for _ in range(2)]
     for worker in workers:
         worker.start()
     try:
@@ -45,37 +48,46 @@ async def test_follow_on_one_api_and_resume_on_the_other(cluster: Cluster) -> No
     task = (await cluster.a.post("/lmsp/v1/tasks", json=body(max_output_tokens=500))).json()
     url = f"/lmsp/v1/tasks/{task['id']}/events"
     first = []
-    async for event in sse_events(cluster.b, "GET", url):
-        first += logged([event])
-        if len(first) == 20:
-            break
+    async with aclosing(sse_events(cluster.b, "GET", url)) as events:  # closed when left, not when collected
+        async for event in events:
+            first += logged([event])
+            if len(first) == 20:
+                break
     rest = logged(await collect(cluster.a, "GET", url, headers={"Last-Event-ID": "20"}))
     assert_complete_log(first + rest)
     state = (await cluster.b.get(f"/lmsp/v1/tasks/{task['id']}")).json()
     assert state["status"] == "incomplete"
 
 
+async def until_running(client: httpx.AsyncClient, task_id: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while (await client.get(f"/lmsp/v1/tasks/{task_id}")).json()["status"] == "queued":
+        assert time.monotonic() < deadline, "the task was never taken"
+        await asyncio.sleep(0.05)
+
+
 async def test_both_workers_take_tasks(cluster: Cluster) -> None:
-    clients = [cluster.a, cluster.b]
-    created = [(await clients[i % 2].post("/lmsp/v1/tasks", json=body(max_output_tokens=150))).json()
-               for i in range(8)]
-    logs = await asyncio.gather(*(collect(clients[(i + 1) % 2], "GET", f"/lmsp/v1/tasks/{t['id']}/events")
-                                  for i, t in enumerate(created)))
-    for log in logs:
-        assert_complete_log(logged(log))
+    # each worker runs one tiny-serial task at a time: while one of them runs the first (long) task,
+    # only the other can take the second, however fast either polls its queue
+    first = (await cluster.a.post("/lmsp/v1/tasks", json=body(model="tiny-serial", max_output_tokens=30000))).json()
+    await until_running(cluster.b, first["id"])
+    second = (await cluster.b.post("/lmsp/v1/tasks", json=body(model="tiny-serial", max_output_tokens=20))).json()
+    assert_complete_log(logged(await collect(cluster.a, "GET", f"/lmsp/v1/tasks/{second['id']}/events")))
+    assert (await cluster.b.post(f"/lmsp/v1/tasks/{first['id']}/cancel")).json()["status"] == "cancelled"
     client = cluster.redis.client()
     try:
-        claimed_by = {await client.hget(f"lmsp:task:{{{t['id']}}}", "worker") for t in created}
+        claimed_by = {await client.hget(f"lmsp:task:{{{t['id']}}}", "worker") for t in (first, second)}
     finally:
         await client.aclose()
-    assert len(claimed_by) == 2
+    assert len(claimed_by) == 2 and None not in claimed_by
 
 
 async def test_cancel_from_the_other_api(cluster: Cluster) -> None:
     running = (await cluster.a.post("/lmsp/v1/tasks", json=body(max_output_tokens=1000))).json()
-    async for event in sse_events(cluster.a, "GET", f"/lmsp/v1/tasks/{running['id']}/events"):
-        if event.id == 3:
-            break
+    async with aclosing(sse_events(cluster.a, "GET", f"/lmsp/v1/tasks/{running['id']}/events")) as events:
+        async for event in events:
+            if event.id == 3:
+                break
     queued = (await cluster.a.post("/lmsp/v1/tasks", json=body(model="tiny-unserved"))).json()
     for task in (running, queued):
         cancelled = (await cluster.b.post(f"/lmsp/v1/tasks/{task['id']}/cancel")).json()

@@ -11,6 +11,7 @@ import pytest_asyncio
 import redis.asyncio as aioredis
 
 from lmsp_core import queue
+from lmsp_core.settings import TOKENS_MAX_STREAMS, TOKENS_RATE_LIMIT, Settings
 from tests.support import Api, RedisServer, TokenFactory, Worker, bearer, body, tasks_of, user_input
 from tests.test_errors import assert_problem
 
@@ -141,3 +142,56 @@ async def test_stream_slots_count_across_processes_and_lapse_after_a_crash(
         short_lease_api.kill()  # no chance to give the slots back
         await _eventually_opens(secure, task_id, token, timeout=10)
     await secure.post(f"/lmsp/v1/tasks/{task_id}/cancel", headers=bearer(token))
+
+
+def test_per_principal_limits_default_on_with_tokens_and_off_without() -> None:
+    assert (Settings().principal_rate_limit, Settings().principal_max_streams) == (600, 32)
+    local = Settings(auth="none")
+    assert (local.principal_rate_limit, local.principal_max_streams) == (0, 0)
+    # set explicitly, a limit applies in either mode
+    assert Settings(auth="none", rate_limit=7, max_streams=3).principal_max_streams == 3
+    assert Settings(auth="none", rate_limit=7).principal_rate_limit == 7
+    assert Settings(rate_limit=0).principal_rate_limit == 0
+
+
+@pytest.fixture
+def own_redis() -> Iterator[RedisServer]:
+    """A Redis of the test's own: the local principal's counters stay out of the shared one."""
+    server = RedisServer()
+    server.start()
+    yield server
+    server.cleanup()
+
+
+async def test_the_local_principal_is_not_limited_by_default(own_redis: RedisServer, models_file: str) -> None:
+    # auth none and no LMSP_RATE_LIMIT / LMSP_MAX_STREAMS: the defaults of the service, not the tests'
+    server = Api(own_redis.url, models_file=models_file, rate_limit=None, max_streams=None).start()
+    try:
+        async with httpx.AsyncClient(base_url=server.url, timeout=30) as http:
+            for _ in range(0, TOKENS_RATE_LIMIT + 1, 50):  # more than a token holder may send in a window
+                answers = await asyncio.gather(*(http.get("/lmsp/v1/models") for _ in range(50)))
+                assert {answer.status_code for answer in answers} == {200}
+            task = (await http.post("/lmsp/v1/tasks", json=body(model="tiny-unserved"))).json()
+            async with AsyncExitStack() as stack:
+                streams = [await stack.enter_async_context(http.stream("GET", f"/lmsp/v1/tasks/{task['id']}/events"))
+                           for _ in range(TOKENS_MAX_STREAMS + 1)]
+                assert {stream.status_code for stream in streams} == {200}
+            await http.post(f"/lmsp/v1/tasks/{task['id']}/cancel")
+    finally:
+        server.stop()
+
+
+async def test_the_local_principal_keeps_limits_set_explicitly(own_redis: RedisServer, models_file: str) -> None:
+    server = Api(own_redis.url, models_file=models_file, rate_limit=5, max_streams=1).start()
+    try:
+        async with httpx.AsyncClient(base_url=server.url, timeout=30) as http:
+            task = (await http.post("/lmsp/v1/tasks", json=body(model="tiny-unserved"))).json()  # 1
+            url = f"/lmsp/v1/tasks/{task['id']}/events"
+            async with http.stream("GET", url) as first:  # 2
+                assert first.status_code == 200
+                assert_problem(await http.get(url), 429, "too_many_streams")  # 3
+            await http.post(f"/lmsp/v1/tasks/{task['id']}/cancel")  # 4
+            assert (await http.get("/lmsp/v1/models")).status_code == 200  # 5
+            assert_problem(await http.get("/lmsp/v1/models"), 429, "rate_limited")
+    finally:
+        server.stop()

@@ -2,14 +2,14 @@
 sample task and its log), OpenAI error objects per status, and streamed answers documented as
 ``text/event-stream`` next to their JSON form."""
 
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, get_args
 
 import msgspec
 from litestar.openapi.datastructures import ResponseSpec
-from litestar.openapi.spec import Example, OpenAPIMediaType, OpenAPIResponse, OpenAPIType, Operation, Schema
+from litestar.openapi.spec import Example, Operation
 
 from api import openapi as doc
+from api import streamdoc
 from api.openai import objects as oa
 from api.openai import requests as rq
 from api.openai.chat import ChunkRenderer, completion
@@ -115,17 +115,20 @@ def ok(data_container: Any, description: str, value: Any) -> ResponseSpec:
     return doc.ok(data_container, description, doc.LiteralExample(summary="Example", value=msgspec.to_builtins(value)))
 
 
-def with_event_stream(description: str, example: str) -> type[Operation]:
+def _tag(kind: Any) -> str:
+    tag: str = kind.__struct_config__.tag
+    return tag
+
+
+# each Responses stream event is `event: <type>` with the object as data; chat chunks are unnamed
+# (`message` to a parser) and end with `data: [DONE]`, which is not JSON
+RESPONSE_EVENTS = streamdoc.event_schema({_tag(kind): streamdoc.json_data(kind) for kind in get_args(oa.StreamEvent)},
+                                         numbered=False)
+CHAT_EVENTS = streamdoc.event_schema({"message": {"anyOf": [{"type": "string", "const": "[DONE]"},
+                                                            streamdoc.json_data(oa.ChatCompletionChunk)]}},
+                                     numbered=False)
+
+
+def with_event_stream(description: str, schema: streamdoc.JsonSchema, example: str) -> type[Operation]:
     """An operation class that documents ``text/event-stream`` as the other form of its ``200``."""
-
-    @dataclass
-    class StreamingOperation(Operation):
-        def __post_init__(self) -> None:
-            answer = (self.responses or {}).get("200")
-            if isinstance(answer, OpenAPIResponse):
-                answer.content = {**(answer.content or {}), "text/event-stream": OpenAPIMediaType(
-                    schema=Schema(type=OpenAPIType.STRING, description=description),
-                    examples={"events": doc.LiteralExample(summary="Server-sent events", value=example)})}
-
-    return StreamingOperation
-
+    return streamdoc.streaming(description, schema, doc.LiteralExample(summary="Server-sent events", value=example))

@@ -211,7 +211,7 @@ def _text(content: list[dict[str, Any]], param: str) -> str:
 
 def chat_request(body: oa.ChatRequest, spec: ModelSpec) -> wire.ResponseRequest:
     _check_chat_options(body)
-    if body.max_tokens is not None and body.max_completion_tokens not in (None, body.max_tokens):
+    if body.max_tokens is not None and body.max_completion_tokens is not None:
         raise InvalidRequest("Set max_completion_tokens or max_tokens, not both.", extra={"param": "max_tokens"})
     request = wire.ResponseRequest(
         model=body.model, input=chat_items(body.messages), stream=bool(body.stream),

@@ -62,7 +62,7 @@ async def readyz(services: Services) -> Response[dict[str, object]]:
                  "inter-token latency histograms, generated tokens (`rate()` gives tokens/s), workers alive "
                  "(service-wide, from Redis), and the SSE streams open in this process.",
      responses={200: doc.ok(str, "Metrics", doc.LiteralExample(summary="Excerpt", value=_METRICS),
-                            media_type=METRICS_MEDIA_TYPE), **doc.problems("service_unavailable")})
+                            media_type=METRICS_MEDIA_TYPE), **doc.problems("service_unavailable", *doc.GUARDED)})
 async def prometheus_metrics(services: Services) -> Response[bytes]:
     body = await services.metrics.render(services.redis, services.catalog)
     return Response(body, media_type=METRICS_MEDIA_TYPE)
@@ -73,6 +73,6 @@ async def prometheus_metrics(services: Services) -> Response[bytes]:
      description="Each model's live workers, waiting and running tasks, and the live workers (the playground "
                  "shows this).",
      responses={200: doc.ok(ServiceState, "The service's state", doc.example("Status", _STATUS)),
-                **doc.problems("service_unavailable")})
+                **doc.problems("service_unavailable", *doc.GUARDED)})
 async def status(services: Services) -> ServiceState:
     return await service_state(services.redis, services.catalog)

@@ -29,14 +29,14 @@ class ModelsController(Controller):
                      "live workers serve it (`status`: `available`, `warming` while its workers warm up, or "
                      "`unavailable`; `workers`: the ready ones).",
          responses={200: doc.ok(wire.ModelList, "The models", doc.example("Models", wire.ModelList(
-             data=[doc.MODEL_OBJECT]))), **doc.problems("service_unavailable")})
+             data=[doc.MODEL_OBJECT]))), **doc.problems("service_unavailable", *doc.GUARDED)})
     async def list_models(self, services: Services) -> wire.ModelList:
         workers = await registry.live_workers(services.redis)
         return wire.ModelList(data=[model_object(spec, workers) for spec in services.catalog])
 
     @get("/{model_id:str}", summary="Get a model", description="One model of the catalog.",
          responses={200: doc.ok(wire.ModelObject, "The model", doc.example("A model", doc.MODEL_OBJECT)),
-                    **doc.problems("invalid_request", "model_not_found", "service_unavailable")})
+                    **doc.problems("invalid_request", "model_not_found", "service_unavailable", *doc.GUARDED)})
     async def get_model(self, services: Services, model_id: str) -> wire.ModelObject:
         spec = services.catalog.get(model_id)
         return model_object(spec, await registry.live_workers(services.redis))

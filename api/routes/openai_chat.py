@@ -23,7 +23,7 @@ from lmsp_core.errors import GenerationFailed, Gone, LmspError
 ENDPOINT = "openai.chat"  # Idempotency-Key fingerprints: never shared with another route
 
 _STREAMED = docs.with_event_stream("`chat.completion.chunk` objects as `data:` lines, then `data: [DONE]`",
-                                   docs.CHAT_STREAM)
+                                   docs.CHAT_EVENTS, docs.CHAT_STREAM)
 
 
 class OpenAIChatController(Controller):

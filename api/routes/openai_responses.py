@@ -35,7 +35,8 @@ CANCEL_WAIT = 3.0  # as POST /lmsp/v1/tasks/{id}/cancel
 ENDPOINT = "openai.responses"  # Idempotency-Key fingerprints: never shared with another route
 
 _STREAMED = docs.with_event_stream(
-    "OpenAI's Responses stream events; `sequence_number` is the cursor of `starting_after`", docs.EVENT_STREAM)
+    "OpenAI's Responses stream events; `sequence_number` is the cursor of `starting_after`", docs.RESPONSE_EVENTS,
+    docs.EVENT_STREAM)
 
 
 class OpenAIResponsesController(Controller):
@@ -100,7 +101,12 @@ class OpenAIResponsesController(Controller):
         self, response_id: str, services: Services, owner: str, stream: bool = False,
         starting_after: Annotated[int | None, Parameter(ge=-1, description="stream the events numbered above "
                                                                              "this `sequence_number`")] = None,
-        include_obfuscation: bool | None = None, include: list[str] | None = None,
+        include_obfuscation: Annotated[bool | None, Parameter(
+            description="`false` only: stream obfuscation is not supported",
+            schema_extra={"type": "boolean", "oneOf": None, "enum": [False]})] = None,
+        include: Annotated[list[str] | None, Parameter(
+            description="nothing can be included: absent only",
+            schema_extra={"type": "array", "oneOf": None, "items": {"type": "string"}, "maxItems": 0})] = None,
     ) -> Response[Any]:
         if include_obfuscation:
             raise InvalidRequest("Stream obfuscation is not supported.", code="unsupported_value",

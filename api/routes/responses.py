@@ -36,7 +36,7 @@ class ResponsesController(Controller):
                       "goes away, generation stops (unless it carries an `Idempotency-Key`). For resumable output "
                       "create a task instead. A repeat with the same `Idempotency-Key` and body answers from the "
                       "same generation.",
-          response_headers=[doc.IGNORED_EXTENSIONS],
+          response_headers=[doc.IGNORED_EXTENSIONS], operation_class=doc.STREAMED_RESPONSE,
           responses={
               200: ResponseSpec(data_container=wire.Response, generate_examples=False,
                                 description="The final response (6.2). With `stream: true`: `text/event-stream` "
@@ -45,7 +45,7 @@ class ResponsesController(Controller):
                                 examples=[doc.example("Completed", doc.RESPONSE)]),
               **doc.problems("invalid_request", "invalid_extension", "context_length_exceeded", "model_not_found",
                              "generation_failed", "service_unavailable", "model_unavailable", "server_busy",
-                             "unauthorized", "insufficient_scope", "idempotency_key_reused", "rate_limited"),
+                             "idempotency_key_reused", "too_many_streams", *doc.GUARDED),
           })
     async def create_response(self, request: Request[Any, Any, Any],
                               data: Annotated[wire.ResponseRequest, Body(examples=doc.REQUEST_EXAMPLES)],
@@ -77,7 +77,7 @@ class ResponsesController(Controller):
          responses={200: ResponseSpec(data_container=wire.Response, generate_examples=False,
                                       description="The stored response (6.2)",
                                       examples=[doc.example("Completed", doc.RESPONSE)]),
-                    **doc.problems("invalid_request", "response_not_found", "service_unavailable")})
+                    **doc.problems("invalid_request", "response_not_found", "service_unavailable", *doc.GUARDED)})
     async def get_response(self, response_id: str, services: Services, owner: str) -> wire.Response:
         if not ids.is_id(response_id, ids.RESPONSE):
             raise NotFound(f"Response {response_id!r} does not exist.", code="response_not_found")

@@ -48,8 +48,7 @@ class TasksController(Controller):
           response_headers=[doc.IGNORED_EXTENSIONS],
           responses={202: _QUEUED, **doc.problems("invalid_request", "invalid_extension", "context_length_exceeded",
                                                   "model_not_found", "service_unavailable", "server_busy",
-                                                  "unauthorized", "insufficient_scope", "idempotency_key_reused",
-                                                  "rate_limited")})
+                                                  "idempotency_key_reused", *doc.GUARDED)})
     async def create_task(
         self, data: Annotated[wire.ResponseRequest, Body(examples=doc.REQUEST_EXAMPLES)], services: Services,
         owner: str, idempotency_key: IdempotencyKey = None,
@@ -64,12 +63,14 @@ class TasksController(Controller):
          description="The caller's tasks, newest first, `limit` per page (default 20, at most 100). When "
                      "`has_more` is true, pass `next_cursor` as `cursor` for the next page. Tasks leave the list "
                      "when their record expires (`LMSP_TASK_RETENTION` after they end).",
-         responses={200: _PAGE, **doc.problems("invalid_request", "invalid_cursor", "service_unavailable")})
+         responses={200: _PAGE, **doc.problems("invalid_request", "invalid_cursor", "service_unavailable",
+                                               *doc.GUARDED)})
     async def list_tasks(
         self, services: Services, owner: str,
         limit: Annotated[int, Parameter(ge=1, le=MAX_PAGE, description="tasks per page")] = 20,
         cursor: Annotated[str | None, Parameter(description="`next_cursor` of the previous page",
-                                                examples=[Example(value=f"1794200000000.{doc.TASK_ID}")])] = None,
+                                                examples=[Example(value=f"1794200000000.{doc.TASK_ID}")],
+                                                schema_extra=doc.LIST_CURSOR)] = None,
     ) -> wire.TaskList:
         after = None
         if cursor:
@@ -83,11 +84,13 @@ class TasksController(Controller):
 
     @get("/{task_id:str}", summary="Get a task", description="The task, with its response once it is final.",
          opt={"scope": tokens.TASKS_READ},
-         responses={200: _FINAL, **doc.problems("invalid_request", "task_not_found", "service_unavailable")})
+         responses={200: _FINAL, **doc.problems("invalid_request", "task_not_found", "service_unavailable",
+                                                *doc.GUARDED)})
     async def get_task(self, task_id: str, services: Services, owner: str) -> wire.Task:
         return (await load_task(services, task_id, owner)).to_wire()
 
     @get("/{task_id:str}/events", summary="Follow a task's events", opt={"scope": tokens.TASKS_READ},
+         operation_class=doc.TASK_EVENT_STREAM_OPERATION,
          description="Server-sent events after `?after=N` or `Last-Event-ID` (`after` wins; an empty `after` counts "
                      "as absent), then live events until the final one. Every event has an `id`. While the task "
                      "waits in its queue, a comment line `: queued <position>` gives its queue position; with "
@@ -96,14 +99,15 @@ class TasksController(Controller):
                      "`GET /lmsp/v1/tasks/{id}`.",
          responses={200: doc.event_stream("The task's events, then the end of the stream", doc.TASK_EVENT_STREAM),
                     **doc.problems("invalid_request", "invalid_cursor", "task_not_found", "event_history_expired",
-                                   "service_unavailable")})
+                                   "service_unavailable", "too_many_streams", *doc.GUARDED)})
     async def task_events(
         self, task_id: str, services: Services, owner: str, after: str | None = None,
         last_event_id: Annotated[str | None, HeaderParameter(name="Last-Event-ID")] = None,
         queue_events: Annotated[bool, Parameter(description="queue positions as `task.queued` events (without "
                                                             "`id`) rather than comment lines")] = False,
     ) -> Stream:
-        cursor = parse_cursor(after or last_event_id)  # an empty `after` is no cursor: the header applies
+        header = parse_cursor(last_event_id)  # refused when malformed even where `after` wins, as documented
+        cursor = parse_cursor(after) if after else header  # an empty `after` is no cursor: the header applies
         record = await load_task(services, task_id, owner)
         if record.final:
             if cursor >= record.last_event_id:
@@ -119,7 +123,8 @@ class TasksController(Controller):
     @post("/{task_id:str}/cancel", status_code=200, summary="Cancel a task", opt={"scope": tokens.TASKS_WRITE},
           description="A queued task never runs; a running one stops within a few tokens (the call waits up to "
                       "3 s for that) and keeps its partial output. Idempotent; a final task is left as it is.",
-          responses={200: _FINAL, **doc.problems("invalid_request", "task_not_found", "service_unavailable")})
+          responses={200: _FINAL, **doc.problems("invalid_request", "task_not_found", "service_unavailable",
+                                                 *doc.GUARDED)})
     async def cancel_task(self, task_id: str, services: Services, owner: str) -> wire.Task:
         record = await load_task(services, task_id, owner)
         status = await services.store.cancel(record)

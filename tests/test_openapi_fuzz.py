@@ -1,0 +1,194 @@
+"""The OpenAPI document tells the whole truth: a bounded schemathesis run (every check) against a
+live API and a worker, as `st run <base>/schema/openapi.json --checks all` does at length.
+
+Its worker serves the model the document's examples name with the tiny random model's weights, so
+that the examples generate (in milliseconds) instead of answering 503 model_unavailable.
+"""
+
+import json
+import tempfile
+import time
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import msgspec
+import pytest
+import schemathesis
+from litestar.exceptions import LitestarDeprecationWarning
+from litestar.serialization import encode_json
+from schemathesis.config import SchemathesisConfig
+from schemathesis.core.failures import FailureGroup
+
+from api import openapi as doc
+from api.app import create_app
+from lmsp_core.settings import Settings
+from tests.support import Api, RedisServer, Worker, tiny_spec
+
+# Refusals that follow from what a request means, which no JSON Schema of the request can say;
+# each is a 4xx with its own stable code (docs/protocol.md), and schemathesis' "schema-valid request
+# rejected" is not a failure for them:
+SEMANTIC_REFUSALS = {
+    # an Idempotency-Key used before with another body (the fuzzer repeats keys across bodies)
+    "idempotency_key_reused",
+    # what the model the request names allows (GET /lmsp/v1/models tells it, not the request's schema)
+    "max_output_tokens_too_large", "context_length_exceeded", "unsupported_capability",
+    # relations between parts of a request: a tool_choice among the tools' names, unique tool names,
+    # a function call's output after that call
+    "unknown_tool", "invalid_tool_choice", "duplicate_tool_name", "unmatched_call_id",
+    # a schema inside the request that the grammar engine cannot compile
+    "invalid_tool_schema", "invalid_json_schema",
+    # the content types LMSP 1.0 reserves for later versions (input_image, input_audio, input_file)
+    "unsupported_content_type",
+    # the state of the conversation that previous_response_id continues
+    "conversation_too_long", "previous_response_in_progress",
+    # /v1: OpenAI's parameters and values this service does not honour, refused by name rather than
+    # ignored (docs/protocol.md, "OpenAI compatibility")
+    "unsupported_parameter", "unsupported_value",
+}
+SEED = 20261130  # the same cases every run
+MAX_EXAMPLES = 12  # per operation in the fuzzing phase; the examples and coverage phases add their own
+
+
+def wait_ready(url: str, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    with httpx.Client(base_url=url, timeout=10) as client:
+        while client.get("/readyz").status_code != 200:
+            assert time.monotonic() < deadline, "the worker never became ready"
+            time.sleep(0.2)
+
+
+@pytest.fixture(scope="module")
+def fuzzed_api() -> Iterator[Api]:
+    """Its own Redis (the fuzzer creates many tasks), a worker and an API with the service's defaults."""
+    models = [tiny_spec(doc.MODEL, max_output_tokens=64,
+                        capabilities=["streaming", "tools", "structured_output", "conversations"])]
+    with tempfile.TemporaryDirectory(prefix="lmsp-fuzz-") as directory:
+        models_file = Path(directory) / "models.json"
+        models_file.write_text(json.dumps(models))
+        redis = RedisServer()
+        redis.start()
+        worker = Worker(redis.url, [doc.MODEL], models_file=str(models_file))
+        api = Api(redis.url, models_file=str(models_file), rate_limit=None, max_streams=None)
+        try:
+            worker.start()
+            api.start()
+            wait_ready(api.url)
+            yield api
+        finally:
+            api.stop()
+            worker.stop()
+            redis.cleanup()
+
+
+def document() -> dict[str, Any]:
+    """The OpenAPI document as the API serves it (built in process: the cases are generated at
+    collection, before any server runs; test_the_served_document_is_this_one checks they agree)."""
+    with warnings.catch_warnings():
+        # Litestar's own deprecation notices about inferred dependencies (as in test_auth.py)
+        warnings.simplefilter("ignore", LitestarDeprecationWarning)
+        built = create_app(Settings()).openapi_schema.to_schema()
+    served: dict[str, Any] = json.loads(encode_json(built))  # as the API writes it
+    return served
+
+
+CONFIG = SchemathesisConfig.from_dict({
+    "seed": SEED,
+    "generation": {"mode": "all", "max-examples": MAX_EXAMPLES, "database": "none"},
+    "phases": {"examples": {"enabled": True}, "coverage": {"enabled": True}, "fuzzing": {"enabled": True}},
+})
+schema = schemathesis.openapi.from_dict(document(), config=CONFIG)
+
+
+def test_the_served_document_is_this_one(fuzzed_api: Api) -> None:
+    served = httpx.get(f"{fuzzed_api.url}/schema/openapi.json", timeout=30).json()
+    assert served == document()
+
+
+def semantic_refusal(response: Any) -> bool:
+    """A 4xx whose stable code (a problem document's, or an OpenAI error object's) is one above."""
+    if not 400 <= response.status_code < 500:
+        return False
+    try:
+        body = response.json()
+    except ValueError:
+        return False
+    code = body.get("code") if "code" in body else (body.get("error") or {}).get("code")
+    return code in SEMANTIC_REFUSALS
+
+
+@schema.parametrize()
+def test_the_document_tells_the_truth(case: Any, fuzzed_api: Api) -> None:
+    response = case.call(base_url=fuzzed_api.url, timeout=60)
+    try:
+        case.validate_response(response)
+    except FailureGroup as group:
+        failures = [failure for failure in group.exceptions
+                    if not (failure.code == "ST202" and semantic_refusal(response))]
+        if failures:
+            raise FailureGroup(failures, str(group)) from None
+
+
+def test_task_events_match_their_schema(fuzzed_api: Api) -> None:
+    """The fuzzer meets a task's events only with ids it invents; these are a real task's, every
+    event checked against the documented event schema (and a resumed stream's too)."""
+    created = httpx.post(f"{fuzzed_api.url}/lmsp/v1/tasks", json=msgspec.to_builtins(doc.REQUEST), timeout=30)
+    assert created.status_code == 202
+    events = schema["/lmsp/v1/tasks/{task_id}/events"]["GET"]
+    for query in ({}, {"after": "2"}):
+        case = events.Case(path_parameters={"task_id": created.json()["id"]}, query=query)
+        response = case.call(base_url=fuzzed_api.url, timeout=60)
+        assert response.status_code == 200 and response.text.count("\nevent: response.") >= 2
+        case.validate_response(response)
+
+
+def test_every_guarded_operation_documents_its_refusals() -> None:
+    """A route with a scope may answer 401, 403 and 429 (the rate limit, and for a stream the open
+    streams' limit): its operation says so."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", LitestarDeprecationWarning)
+        app = create_app(Settings())
+    paths = document()["paths"]
+    for route in app.routes:
+        for handler in getattr(route, "route_handlers", []):
+            if handler.opt.get("public") or not handler.include_in_schema or handler.http_methods == {"OPTIONS"}:
+                continue
+            for method in handler.http_methods:
+                operation = paths[route.path_format][method.lower()]
+                assert {"401", "403", "429"} <= set(operation["responses"]), (method, route.path)
+                if "text/event-stream" in operation["responses"].get("200", {}).get("content", {}):
+                    examples = operation["responses"]["429"]["content"]
+                    assert "too_many_streams" in json.dumps(examples), (method, route.path)
+
+
+def test_bodies_are_decoded_as_strictly_as_documented(fuzzed_api: Api) -> None:
+    url = f"{fuzzed_api.url}/lmsp/v1/tasks"
+    request = msgspec.to_builtins(doc.REQUEST)
+    for field, value in [("max_output_tokens", "4"), ("store", 0), ("temperature", "0.5")]:
+        refused = httpx.post(url, json=request | {field: value}, timeout=30)
+        assert refused.status_code == 400 and refused.json()["code"] == "invalid_request", (field, refused.text)
+        assert refused.json()["errors"][0]["key"] == field
+    # JSON Schema's integer includes 4.0
+    assert httpx.post(url, json=request | {"max_output_tokens": 4.0}, timeout=30).status_code == 202
+    chat = {"model": doc.MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": "4"}
+    refused = httpx.post(f"{fuzzed_api.url}/v1/chat/completions", json=chat, timeout=30)
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "max_tokens", refused.text
+
+
+def test_parameters_are_refused_as_documented(fuzzed_api: Api) -> None:
+    task = httpx.post(f"{fuzzed_api.url}/lmsp/v1/tasks", json=msgspec.to_builtins(doc.REQUEST), timeout=30).json()
+    events = f"{fuzzed_api.url}/lmsp/v1/tasks/{task['id']}/events"
+    # a malformed Last-Event-ID is refused even where ?after wins
+    refused = httpx.get(events, params={"after": "1"}, headers={"Last-Event-ID": "x"}, timeout=30)
+    assert refused.status_code == 400 and refused.json()["code"] == "invalid_cursor"
+    tasks = f"{fuzzed_api.url}/lmsp/v1/tasks"
+    for cursor in ["1" * 16 + "." + task["id"], "1794200000000." + task["id"] + "x"]:
+        refused = httpx.get(tasks, params={"cursor": cursor}, timeout=30)
+        assert refused.status_code == 400 and refused.json()["code"] == "invalid_cursor", cursor
+    assert httpx.get(tasks, params={"cursor": ""}, timeout=30).status_code == 200  # empty: the first page
+    for key in ["", "a b", "k" * 256, "\xe9".encode("latin-1")]:
+        refused = httpx.post(tasks, json=msgspec.to_builtins(doc.REQUEST), headers={"Idempotency-Key": key},
+                             timeout=30)
+        assert refused.status_code == 400 and refused.json()["code"] == "invalid_idempotency_key", key

@@ -13,8 +13,8 @@ import httpx
 
 from lmsp_core import connections, keys, wire
 from lmsp_core.settings import load_settings
+from tests.e2e.test_tasks import logged
 from tests.support import Api, RedisServer, SseEvent, Worker, collect, sse_events, tiny_spec
-from tests.test_tasks import logged
 
 if TYPE_CHECKING:
     from tests.replication import ReplicatedRedis

@@ -77,7 +77,7 @@ async def test_max_output_tokens_5_is_incomplete_with_5_tokens(smol: httpx.Async
 
 async def test_a_five_turn_conversation_keeps_turn_one_in_context(smol: httpx.AsyncClient,
                                                                  redis: aioredis.Redis) -> None:
-    from tests.test_conversations import as_input, render
+    from tests.e2e.test_conversations import as_input, render
 
     turns = ["My name is Ada and my favourite colour is teal.", "What is the capital of France?",
              "Name a fruit.", "Count to three.", "What is my favourite colour?"]

@@ -24,9 +24,9 @@ import pytest_asyncio
 from lmsp_core import ids, keys, queue, wire
 from lmsp_core.settings import load_settings
 from lmsp_core.tasks import TaskRecord, TaskStore
+from tests.e2e.test_tasks import logged
 from tests.faults import Group, assert_exactly_once, text_of, wait_for
 from tests.support import Api, RedisServer, SseEvent, Worker, body, sse_events
-from tests.test_tasks import logged
 
 MODEL = "tiny-random"
 SETTINGS = {"lease_ttl": 1.5, "reaper_interval": 0.2, "max_attempts": 3, "shutdown_grace": 0}

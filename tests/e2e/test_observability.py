@@ -116,7 +116,7 @@ async def test_openapi_schema_is_valid_and_documents_every_route(schema: dict[st
             for media_type, media in (response.get("content") or {}).items():
                 assert media.get("examples"), f"{where} {status} {media_type}"
                 if status.startswith(("4", "5")) and path not in ("/readyz",):
-                    # the OpenAI routes answer OpenAI's error object (tests/test_openai_access.py)
+                    # the OpenAI routes answer OpenAI's error object (tests/e2e/test_openai_access.py)
                     expected = "application/json" if path.startswith("/v1/") else "application/problem+json"
                     assert media_type == expected, f"{where} {status}"
         assert any(status.startswith("2") for status in op["responses"]), where

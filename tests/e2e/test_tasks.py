@@ -9,8 +9,8 @@ import msgspec
 import pytest
 
 from lmsp_core import wire
+from tests.e2e.test_errors import assert_problem
 from tests.support import SseEvent, body, collect, sse_events
-from tests.test_errors import assert_problem
 
 
 async def create(client: httpx.AsyncClient, **fields: Any) -> dict[str, Any]:

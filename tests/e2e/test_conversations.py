@@ -12,9 +12,9 @@ import redis.asyncio as aioredis
 
 from lmsp_core import registry, wire
 from lmsp_core.chat import PromptRenderer
+from tests.e2e.test_errors import assert_problem
+from tests.e2e.test_tools import TOOLS, assert_valid_calls
 from tests.support import Api, RedisServer, TokenFactory, Worker, bearer, body, collect, user_input
-from tests.test_errors import assert_problem
-from tests.test_tools import TOOLS, assert_valid_calls
 
 
 async def render(redis: aioredis.Redis, model: str, items: list[dict[str, Any]],

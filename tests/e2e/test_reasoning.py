@@ -19,8 +19,8 @@ from tokenizers import Tokenizer
 from lmsp_core import ids, registry
 from lmsp_core.catalog import ReasoningFormat
 from tests.conftest import REASONING_BUDGET
+from tests.e2e.test_errors import assert_problem
 from tests.support import Api, Worker, body, collect
-from tests.test_errors import assert_problem
 from workers.reasoning import closing_tokens
 
 MODEL = "tiny-reasoning"

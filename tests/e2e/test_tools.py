@@ -12,8 +12,8 @@ import jsonschema
 import pytest
 
 from lmsp_core import wire
+from tests.e2e.test_errors import assert_problem
 from tests.support import body, collect
-from tests.test_errors import assert_problem
 
 CITIES = ["Hangzhou", "Paris", "Lagos", "Lima"]
 

@@ -12,8 +12,8 @@ from openapi_spec_validator import validate
 
 from api.app import OPENAI_SDK_HEADERS
 from lmsp_core import tokens
+from tests.e2e.test_auth import OPENAI_ROUTES
 from tests.support import SECURE_CORS_ORIGIN, Api, TokenFactory, Worker, bearer
-from tests.test_auth import OPENAI_ROUTES
 
 MODEL = "tiny-random"
 Client = Callable[[str], Awaitable[openai.AsyncOpenAI]]

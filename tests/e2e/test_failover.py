@@ -9,7 +9,7 @@ event twice, every event it saw is the stored one (none lost, none replaced afte
 and with greedy decoding the text equals an uninterrupted run; no task is taken over by another
 worker (its events were on the replica before its worker moved on); new requests succeed after the
 promotion; the killed node rejoins as a replica. The figures (seconds from the kill to the first
-new event, what followers saw twice or lost) are printed: ``pytest -s tests/test_failover.py``.
+new event, what followers saw twice or lost) are printed: ``pytest -s tests/e2e/test_failover.py``.
 """
 
 import asyncio

@@ -1,6 +1,6 @@
 """What a stream delivered, as the output of a response that failed mid-stream (lmsp_core.delivered).
-The end-to-end checks fail real generations: tests/test_outages.py (time limit) and
-tests/test_reclaim.py (workers lost)."""
+The end-to-end checks fail real generations: tests/e2e/test_outages.py (time limit) and
+tests/e2e/test_reclaim.py (workers lost)."""
 
 from typing import Any
 

@@ -16,8 +16,8 @@ from lmsp.up import auth_for_up
 from lmsp_core import tokens
 from lmsp_core.errors import InvalidRequest
 from lmsp_core.settings import Settings
+from tests.e2e.test_errors import assert_problem
 from tests.support import ROOT, Api, RedisServer, TokenFactory, bearer, body, free_port, service_env
-from tests.test_errors import assert_problem
 
 UNKNOWN_TASK = "task_0000000000000000000000000A"
 
@@ -38,7 +38,7 @@ ROUTES: list[tuple[str, str, str | None]] = [
     ("GET", "/readyz", None),
     ("GET", "/", None),
 ]
-# the OpenAI routes (their answers, OpenAI error objects, are checked in tests/test_openai_access.py)
+# the OpenAI routes (their answers, OpenAI error objects, are checked in tests/e2e/test_openai_access.py)
 OPENAI_ROUTES: list[tuple[str, str, str | None]] = [
     ("POST", "/v1/responses", tokens.RESPONSES_WRITE),
     ("GET", "/v1/responses/{response_id}", tokens.RESPONSES_READ),

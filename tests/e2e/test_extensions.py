@@ -8,8 +8,8 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.e2e.test_errors import assert_problem
 from tests.support import body, collect
-from tests.test_errors import assert_problem
 
 SAMPLED = {"temperature": 1.0, "max_output_tokens": 24}
 

@@ -4,8 +4,8 @@ import httpx
 import redis.asyncio as aioredis
 
 from lmsp_core import registry
+from tests.e2e.test_errors import assert_problem
 from tests.support import body
-from tests.test_errors import assert_problem
 
 
 async def test_models_list_capabilities_and_context_windows(client: httpx.AsyncClient) -> None:

@@ -8,8 +8,8 @@ import httpx
 import redis.asyncio as aioredis
 
 from lmsp_core import keys, queue
+from tests.e2e.test_errors import assert_problem
 from tests.support import TokenFactory, bearer, body, collect, tasks_of
-from tests.test_errors import assert_problem
 
 
 def headers(token: str, key: str) -> dict[str, str]:

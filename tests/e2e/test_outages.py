@@ -16,10 +16,10 @@ from typing import Any
 import pytest_asyncio
 
 from lmsp_core import keys, wire
+from tests.e2e.test_errors import assert_problem
+from tests.e2e.test_tasks import logged
 from tests.faults import Group, assert_exactly_once, models_file, text_of, tiny, wait_for
 from tests.support import Api, RedisServer, SseEvent, Worker, body, sse_events
-from tests.test_errors import assert_problem
-from tests.test_tasks import logged
 
 ONE = "tiny-one"
 TIMED = "tiny-timeout"

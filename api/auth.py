@@ -20,14 +20,14 @@ from litestar.handlers import BaseRouteHandler
 from litestar.routes import HTTPRoute
 
 from api.services import Services
-from lmsp_core import tokens
-from lmsp_core.errors import Forbidden, Unauthorized
 from lmsp_core.settings import Settings
-from lmsp_core.tokens import Identity
+from lmsp_core.store import credentials
+from lmsp_core.store.credentials import Identity
+from lmsp_core.wire.errors import Forbidden, Unauthorized
 
 logger = logging.getLogger(__name__)
 
-LOCAL = Identity("local", frozenset(tokens.GRANTABLE))
+LOCAL = Identity("local", frozenset(credentials.GRANTABLE))
 
 
 def is_loopback(host: str) -> bool:
@@ -61,7 +61,7 @@ def check_routes(app: Litestar) -> None:
         for handler in route.route_handlers:
             if handler.http_methods == {"OPTIONS"}:
                 continue  # Litestar's automatic OPTIONS answers (CORS preflight), no data
-            if not handler.opt.get("public") and handler.opt.get("scope") not in tokens.GRANTABLE:
+            if not handler.opt.get("public") and handler.opt.get("scope") not in credentials.GRANTABLE:
                 raise RuntimeError(f"route {sorted(handler.http_methods)} {route.path} declares no scope: "
                                    "give it opt={'scope': ...} or opt={'public': True}")
 
@@ -88,7 +88,7 @@ async def authenticate(services: Services, header: str | None) -> Identity:
     scheme, _, token = header.partition(" ")
     identity = None
     if scheme.lower() == "bearer" and token.strip():
-        identity = await tokens.authenticate(services.redis, token.strip())
+        identity = await credentials.authenticate(services.redis, token.strip())
     if identity is None:
         logger.info("rejected a request with an invalid or revoked token")  # never the token itself
         raise Unauthorized("The bearer token is not valid.", code="invalid_token")

@@ -8,7 +8,8 @@ ignored. Requests with at most 64 extension names of at most 128 characters keep
 from urllib.parse import quote
 
 from api.services import Services
-from lmsp_core import extensions, wire
+from lmsp_core import wire
+from lmsp_core.requests import extensions
 
 IGNORED_EXTENSIONS_HEADER = "LMSP-Ignored-Extensions"
 

@@ -20,9 +20,9 @@ from collections.abc import AsyncIterator
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from lmsp_core import eventlog, keys
-from lmsp_core.eventlog import Event
-from lmsp_core.tasks import TaskRecord
+from lmsp_core.store import eventlog, keys
+from lmsp_core.store.eventlog import Event
+from lmsp_core.store.tasks import TaskRecord
 
 logger = logging.getLogger(__name__)
 

@@ -14,8 +14,9 @@ import msgspec
 from litestar.params import HeaderParameter
 from redis.asyncio import Redis
 
-from lmsp_core import keys, wire
-from lmsp_core.errors import InvalidRequest, ServiceUnavailable, Unprocessable
+from lmsp_core import wire
+from lmsp_core.store import keys
+from lmsp_core.wire.errors import InvalidRequest, ServiceUnavailable, Unprocessable
 
 MAX_KEY_LENGTH = 255
 HEADER = "Idempotency-Key"

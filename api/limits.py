@@ -24,9 +24,10 @@ import anyio
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from lmsp_core import ids, keys
-from lmsp_core.errors import TooManyRequests
 from lmsp_core.settings import Settings
+from lmsp_core.store import keys
+from lmsp_core.wire import ids
+from lmsp_core.wire.errors import TooManyRequests
 
 logger = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 Service-wide numbers (queues, workers, tasks, tokens, latencies) come from Redis, so every API
 process reports the same values for them and one scrape sees the whole service (see
-``lmsp_core.metrics`` for how workers add theirs). Only ``lmsp_open_streams`` belongs to the
+``lmsp_core.store.metrics`` for how workers add theirs). Only ``lmsp_open_streams`` belongs to the
 process that answers the scrape. With several API replicas, scrape any one for the service-wide
 series, or aggregate them with ``max``; sum ``lmsp_open_streams`` over replicas.
 """
@@ -17,8 +17,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 from redis.asyncio import Redis
 
-from lmsp_core import keys, metrics, registry
-from lmsp_core.catalog import Catalog
+from lmsp_core.requests.catalog import Catalog
+from lmsp_core.store import keys, metrics, registry
 
 PREFIX = "lmsp_"
 

@@ -17,9 +17,10 @@ from litestar.openapi.spec import Example
 from api import streamdoc
 from api.bodies import StructDoc
 from api.problems import MEDIA_TYPE
-from lmsp_core import extensions, wire
-from lmsp_core.errors import problem
-from lmsp_core.tasks import ListCursor
+from lmsp_core import wire
+from lmsp_core.requests import extensions
+from lmsp_core.store.tasks import ListCursor
+from lmsp_core.wire.errors import problem
 
 TASK_ID = "task_01J8M6Q4W2T7N5R3V9X1Z8B0DF"
 RESPONSE_ID = "resp_01J8M6Q4W2T7N5R3V9X1Z8B0DF"

@@ -2,7 +2,7 @@
 routes under ``/v1``: OpenAI's error object with the same status and code, ``api.openai.errors``).
 
 The handlers here are the only place where exceptions become HTTP responses: the service's own
-errors (``lmsp_core.errors``), Litestar's (validation, unknown route, wrong method, body too
+errors (``lmsp_core.wire.errors``), Litestar's (validation, unknown route, wrong method, body too
 large), Redis being unreachable, and anything unexpected (a 500 with no traceback in the body).
 ``problems_only`` catches the error responses that handlers return instead of raising.
 """
@@ -19,7 +19,7 @@ from redis.exceptions import RedisError
 from api.openai import errors as openai_errors
 from api.openai import is_openai_path
 from lmsp_core import wire
-from lmsp_core.errors import LmspError, ServiceUnavailable, problem
+from lmsp_core.wire.errors import LmspError, ServiceUnavailable, problem
 
 logger = logging.getLogger(__name__)
 

@@ -13,12 +13,12 @@ from arq.connections import ArqRedis
 from api.hub import EventHub
 from api.limits import Limits
 from api.metrics import ApiMetrics
-from lmsp_core import connections, registry
-from lmsp_core.catalog import Catalog
-from lmsp_core.chat import PromptRenderer
-from lmsp_core.conversations import ConversationStore
+from lmsp_core.requests.catalog import Catalog
+from lmsp_core.requests.chat import PromptRenderer
 from lmsp_core.settings import Settings
-from lmsp_core.tasks import TaskStore
+from lmsp_core.store import connections, registry
+from lmsp_core.store.conversations import ConversationStore
+from lmsp_core.store.tasks import TaskStore
 
 CARD_REFRESH = 30.0
 

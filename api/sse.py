@@ -20,10 +20,11 @@ from litestar.response import Stream
 from redis.exceptions import RedisError
 
 from api.services import Services
-from lmsp_core import queue, wire
-from lmsp_core.errors import ServiceUnavailable
-from lmsp_core.eventlog import Event
-from lmsp_core.tasks import TaskRecord
+from lmsp_core import wire
+from lmsp_core.store import queue
+from lmsp_core.store.eventlog import Event
+from lmsp_core.store.tasks import TaskRecord
+from lmsp_core.wire.errors import ServiceUnavailable
 
 HEARTBEAT = b": keep-alive\n\n"
 HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}

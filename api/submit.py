@@ -15,12 +15,15 @@ from redis.exceptions import RedisError
 
 from api import idempotency
 from api.services import Services
-from lmsp_core import connections, conversations, extensions, ids, metrics, queue, registry, wire
-from lmsp_core.catalog import ModelSpec
-from lmsp_core.conversations import StoredResponse
-from lmsp_core.errors import ServiceUnavailable
-from lmsp_core.tasks import Kind, TaskRecord
-from lmsp_core.validation import check_limits, check_request, output_budget
+from lmsp_core import wire
+from lmsp_core.requests import extensions
+from lmsp_core.requests.catalog import ModelSpec
+from lmsp_core.requests.validation import check_limits, check_request, output_budget
+from lmsp_core.store import connections, conversations, metrics, queue, registry
+from lmsp_core.store.conversations import StoredResponse
+from lmsp_core.store.tasks import Kind, TaskRecord
+from lmsp_core.wire import ids
+from lmsp_core.wire.errors import ServiceUnavailable
 
 BUSY_RETRY_AFTER = 5
 

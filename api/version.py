@@ -11,7 +11,7 @@ from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.openai import is_openai_path
 from api.problems import MEDIA_TYPE
-from lmsp_core.errors import InvalidRequest
+from lmsp_core.wire.errors import InvalidRequest
 
 HEADER = "LMSP-Version"
 VERSION = "1.0"

@@ -23,8 +23,8 @@ import msgspec
 import torch
 
 from lmsp_core import wire
-from lmsp_core.catalog import Catalog
-from lmsp_core.chat import PromptRenderer
+from lmsp_core.requests.catalog import Catalog
+from lmsp_core.requests.chat import PromptRenderer
 from lmsp_core.settings import load_settings
 from workers import loader
 from workers.engine import Engine, Generation

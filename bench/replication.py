@@ -31,7 +31,7 @@ from bench.throughput import (
 )
 from lmsp_core import wire
 from lmsp_core.settings import Settings
-from lmsp_core.tasks import ClaimOutcome, TaskStore
+from lmsp_core.store.tasks import ClaimOutcome, TaskStore
 from workers.writer import EventWriter
 
 FLUSHES = 200  # per setting and phase

@@ -42,12 +42,13 @@ import torch
 from bench import engine, hfserve, modelstep
 from bench.sse import EventIdReader, SseStream
 from bench.stack import Stack, cpu_seconds, rss_bytes
-from lmsp_core import keys, wire
-from lmsp_core.catalog import Catalog
-from lmsp_core.chat import PromptRenderer
-from lmsp_core.eventstore import Final
+from lmsp_core import wire
+from lmsp_core.requests.catalog import Catalog
+from lmsp_core.requests.chat import PromptRenderer
 from lmsp_core.settings import Settings, load_settings
-from lmsp_core.tasks import ClaimOutcome, TaskStore
+from lmsp_core.store import keys
+from lmsp_core.store.eventstore import Final
+from lmsp_core.store.tasks import ClaimOutcome, TaskStore
 from workers import loader
 from workers.writer import EventWriter
 

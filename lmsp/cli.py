@@ -6,7 +6,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from lmsp import tokens
+from lmsp import credentials
 from lmsp_core import logs
 from lmsp_core.settings import Settings, load_settings
 
@@ -21,22 +21,22 @@ def _parser() -> argparse.ArgumentParser:
                                         "when neither --redis-url nor --redis-sentinels is given)")
     up.add_argument("--host")
     up.add_argument("--port", type=int)
-    tokens.add_redis_arguments(up)
+    credentials.add_redis_arguments(up)
     up.add_argument("--model", action="append", dest="models", metavar="ID")
 
     api = commands.add_parser("api", help="the HTTP API alone")
     api.add_argument("--host")
     api.add_argument("--port", type=int)
-    tokens.add_redis_arguments(api)
+    credentials.add_redis_arguments(api)
 
     worker = commands.add_parser("worker", help="a generation worker alone")
     worker.add_argument("--model", action="append", dest="models", metavar="ID")
-    tokens.add_redis_arguments(worker)
+    credentials.add_redis_arguments(worker)
     worker.add_argument("--gpus", metavar="all|ID,ID...",
                         help="one worker process per GPU (all visible ones, or these CUDA device ids), each "
                              "pinned to its GPU, all on the same queues")
 
-    tokens.add_parser(commands)
+    credentials.add_parser(commands)
     _client_parsers(commands)
     return parser
 
@@ -123,7 +123,7 @@ def _service_main(args: argparse.Namespace) -> int:
 
         run_worker(settings, args.models or [settings.default_model])
     elif args.command == "token":
-        return tokens.run(args, settings)
+        return credentials.run(args, settings)
     elif args.command == "up":
         from lmsp.up import up
 

@@ -17,7 +17,7 @@ import pytest
 import pytest_asyncio
 import redis.asyncio as aioredis
 
-from lmsp_core.catalog import SMOLLM2
+from lmsp_core.requests.catalog import SMOLLM2
 from tests.support import SECURE_CORS_ORIGIN, Api, RedisServer, TokenFactory, Worker, tiny_spec
 
 # ChatML whose generation prompt opens a reasoning section (as DeepSeek-R1's does), and which renders

@@ -11,8 +11,9 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from lmsp_core import connections, keys, wire
+from lmsp_core import wire
 from lmsp_core.settings import load_settings
+from lmsp_core.store import connections, keys
 from tests.e2e.test_tasks import logged
 from tests.support import Api, RedisServer, SseEvent, Worker, collect, sse_events, tiny_spec
 

@@ -19,8 +19,8 @@ import msgspec
 import redis.asyncio as aioredis
 from httpx_sse import aconnect_sse
 
-from lmsp_core import connections, tokens
 from lmsp_core.settings import load_settings
+from lmsp_core.store import connections, credentials
 
 ROOT = Path(__file__).resolve().parent.parent
 SECURE_CORS_ORIGIN = "https://app.example"  # the one origin the secure_api fixture allows
@@ -280,7 +280,8 @@ class TokenFactory:
     async def __call__(self, scopes: list[str] | None = None, principal: str | None = None) -> tuple[str, str]:
         """A new token and its principal."""
         principal = principal or f"p-{uuid.uuid4().hex[:12]}"
-        token, _ = await tokens.create(self.redis, principal, list(tokens.GRANTABLE) if scopes is None else scopes)
+        granted = list(credentials.GRANTABLE) if scopes is None else scopes
+        token, _ = await credentials.create(self.redis, principal, granted)
         return token, principal
 
 

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import llguidance
 import torch
 
-from lmsp_core.chat import ModelCard
+from lmsp_core.requests.chat import ModelCard
 
 logger = logging.getLogger(__name__)
 

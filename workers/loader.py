@@ -24,8 +24,8 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-from lmsp_core.catalog import SMOLLM2, ModelSpec
-from lmsp_core.chat import ModelCard
+from lmsp_core.requests.catalog import SMOLLM2, ModelSpec
+from lmsp_core.requests.chat import ModelCard
 from workers import precision
 from workers.reasoning import closing_tokens
 

@@ -16,11 +16,12 @@ from arq.connections import ArqRedis
 from arq.worker import func
 from redis.exceptions import RedisError
 
-from lmsp_core import connections, keys, logs, registry
-from lmsp_core.catalog import Catalog, ModelSpec
-from lmsp_core.chat import PromptRenderer
-from lmsp_core.queue import GENERATE
+from lmsp_core import logs
+from lmsp_core.requests.catalog import Catalog, ModelSpec
+from lmsp_core.requests.chat import PromptRenderer
 from lmsp_core.settings import Settings
+from lmsp_core.store import connections, keys, registry
+from lmsp_core.store.queue import GENERATE
 from workers import loader
 from workers.engine import Engine
 from workers.grammar import tokenizer_for

@@ -3,7 +3,7 @@
 A reasoning model's output may start with a ``reasoning`` item, whose summary text streams as
 ``response.reasoning_summary_text.delta`` events. The answer's text is either a message (free
 text, or JSON under ``json_schema``) or a series of tool calls in the service's call format
-(``lmsp_core.grammars``). With ``tool_choice: auto`` the first characters decide: the grammar
+(``lmsp_core.requests.grammars``). With ``tool_choice: auto`` the first characters decide: the grammar
 forbids text that starts like a call, so a text that begins with a prefix of the call tag is held
 back until it is clearly one or the other.
 """
@@ -12,8 +12,9 @@ import json
 from collections.abc import Sequence
 from typing import Any, Literal
 
-from lmsp_core import ids, wire
-from lmsp_core.grammars import CALL_CLOSE, CALL_OPEN
+from lmsp_core import wire
+from lmsp_core.requests.grammars import CALL_CLOSE, CALL_OPEN
+from lmsp_core.wire import ids
 
 Mode = Literal["text", "calls", "auto"]
 OutEvent = tuple[str, Any]  # an event's name and its wire Struct

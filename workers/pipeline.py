@@ -10,7 +10,7 @@ from collections.abc import Iterable, Sequence
 from tokenizers import Tokenizer
 
 from lmsp_core import wire
-from lmsp_core.catalog import ReasoningFormat
+from lmsp_core.requests.catalog import ReasoningFormat
 from workers.output import OutEvent, OutputAssembler
 from workers.reasoning import ReasoningParser, Segment
 from workers.stops import StopFilter

@@ -5,7 +5,7 @@ to first token. Here each model's arq worker waits on an asyncio event instead: 
 pub/sub message that the API publishes after each enqueue, and when a job of ours finishes (a
 slot is free). A slow fallback poll covers lost messages (pub/sub is at most once).
 
-Jobs start in the order of their queue scores (priorities, see ``lmsp_core.queue``): a poll starts
+Jobs start in the order of their queue scores (priorities, see ``lmsp_core.store.queue``): a poll starts
 jobs only while this worker has free slots, and the next poll reads the queue afresh, where arq
 would wait for a slot and then start the next job of the list it read earlier, ahead of anything
 queued meanwhile with a better score.
@@ -30,7 +30,7 @@ from arq.worker import Worker
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from lmsp_core import keys
+from lmsp_core.store import keys
 
 logger = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@
 A worker killed with SIGKILL (or cut off from Redis) leaves its tasks ``in_progress`` under a lease
 that nobody renews, and arq would re-run their jobs only when its own in-progress marker expires
 (the job time limit plus a minute). Every worker therefore reaps, for its models: it takes the due
-entries of the index of unfinished tasks (``lmsp_core.taskindex``), reads each task's hash and
+entries of the index of unfinished tasks (``lmsp_core.store.taskindex``), reads each task's hash and
 
 - drops the entry of a task that is final or gone;
 - looks again when the lease of a running task would lapse;
@@ -23,9 +23,11 @@ import msgspec
 from arq.connections import ArqRedis
 from redis.exceptions import RedisError
 
-from lmsp_core import extensions, keys, queue, wire
+from lmsp_core import wire
+from lmsp_core.requests import extensions
 from lmsp_core.settings import Settings
-from lmsp_core.tasks import TaskStore
+from lmsp_core.store import keys, queue
+from lmsp_core.store.tasks import TaskStore
 
 logger = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ from typing import Literal, NamedTuple
 import torch
 from tokenizers import Tokenizer
 
-from lmsp_core.catalog import ReasoningFormat
+from lmsp_core.requests.catalog import ReasoningFormat
 from workers.sampling import LogitsConstraint, allow_only
 from workers.textstream import TextStream
 

@@ -17,10 +17,11 @@ import msgspec
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from lmsp_core import metrics, queue, registry, wire
-from lmsp_core.errors import GenerationFailed
+from lmsp_core import wire
 from lmsp_core.settings import Settings
-from lmsp_core.tasks import ClaimOutcome, TaskRecord, TaskStore
+from lmsp_core.store import metrics, queue, registry
+from lmsp_core.store.tasks import ClaimOutcome, TaskRecord, TaskStore
+from lmsp_core.wire.errors import GenerationFailed
 from workers.taskrun import ModelRuntime, TaskRun, load_history
 from workers.writer import EventWriter
 

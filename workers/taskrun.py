@@ -19,15 +19,17 @@ import llguidance
 import msgspec
 from redis.asyncio import Redis
 
-from lmsp_core import eventlog, eventstore, extensions, grammars, metrics, wire
-from lmsp_core.catalog import ModelSpec
-from lmsp_core.chat import PromptRenderer
-from lmsp_core.delivered import DeliveredOutput
-from lmsp_core.errors import GenerationFailed, LmspError
-from lmsp_core.eventstore import Final
+from lmsp_core import wire
+from lmsp_core.requests import extensions, grammars
+from lmsp_core.requests.catalog import ModelSpec
+from lmsp_core.requests.chat import PromptRenderer
+from lmsp_core.requests.validation import check_request, output_budget
 from lmsp_core.settings import Settings
-from lmsp_core.tasks import TaskRecord
-from lmsp_core.validation import check_request, output_budget
+from lmsp_core.store import eventlog, eventstore, metrics
+from lmsp_core.store.delivered import DeliveredOutput
+from lmsp_core.store.eventstore import Final
+from lmsp_core.store.tasks import TaskRecord
+from lmsp_core.wire.errors import GenerationFailed, LmspError
 from workers.engine import Engine, Finish, Generation
 from workers.grammar import GrammarConstraint
 from workers.output import Mode, OutEvent, OutputAssembler

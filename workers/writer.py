@@ -3,14 +3,14 @@
 Runs add events and token checkpoints as tokens arrive; the writer numbers the events. A flush
 sends every task's pending batches, each as one call of the append script, all in one pipeline,
 so round trips do not grow with tokens x streams. The call, its arguments and its typed reply are
-``lmsp_core.eventstore``'s. A batch that failed to send stays queued and is sent again; a batch
+``lmsp_core.store.eventstore``'s. A batch that failed to send stays queued and is sent again; a batch
 that Redis applied although its answer was lost (the connection dropped) is recognised by its event
 number and token offset and counted as done. The script's answer also carries the task's cancel
 flag, so a worker learns of a cancellation without polling.
 
 With replicas to wait for (``redis_wait_replicas``), the pipeline ends with ``WAIT``: a batch counts
 as stored once a replica holds it too (or the wait timed out, or no replica is online: see
-``lmsp_core.connections.ReplicaWatch``). Until then it stays here, so a batch
+``lmsp_core.store.connections.ReplicaWatch``). Until then it stays here, so a batch
 that a failover loses, although a follower may have seen it on the old primary, is written again,
 the same bytes under the same numbers, to the new primary (docs/reliability.md).
 """
@@ -24,9 +24,9 @@ from typing import Protocol
 from redis.asyncio import Redis
 from redis.exceptions import NoScriptError, RedisError
 
-from lmsp_core import connections
-from lmsp_core.eventstore import Append, AppendOutcome, AppendReply, EventStore, Final, reply_of
 from lmsp_core.settings import Settings
+from lmsp_core.store import connections
+from lmsp_core.store.eventstore import Append, AppendOutcome, AppendReply, EventStore, Final, reply_of
 
 logger = logging.getLogger(__name__)
 

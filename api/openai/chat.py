@@ -12,9 +12,9 @@ import msgspec
 from api.openai import objects as oa
 from api.openai.errors import FailedGeneration
 from lmsp_core import wire
-from lmsp_core.errors import GenerationFailed
-from lmsp_core.eventlog import Event
-from lmsp_core.tasks import TaskRecord
+from lmsp_core.store.eventlog import Event
+from lmsp_core.store.tasks import TaskRecord
+from lmsp_core.wire.errors import GenerationFailed
 
 ID_PREFIX = "chatcmpl-"
 

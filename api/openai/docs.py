@@ -16,9 +16,10 @@ from api.openai.chat import ChunkRenderer, completion
 from api.openai.errors import MEDIA_TYPE, ErrorObject, error_object
 from api.openai.rendering import ResponseView, render_all, response_object
 from api.openai.streams import DONE, data_frame, event_frames
-from lmsp_core import eventlog, wire
-from lmsp_core.errors import problem
-from lmsp_core.tasks import Kind, TaskRecord
+from lmsp_core import wire
+from lmsp_core.store import eventlog
+from lmsp_core.store.tasks import Kind, TaskRecord
+from lmsp_core.wire.errors import problem
 
 _CALL = "call_01J8M6Q4W9D3F6H8K2M4P6R8TV"
 _EVENTS: list[tuple[str, Any]] = [

@@ -15,7 +15,7 @@ import msgspec
 from litestar import Response
 
 from lmsp_core import wire
-from lmsp_core.errors import GenerationFailed, InvalidRequest, LmspError
+from lmsp_core.wire.errors import GenerationFailed, InvalidRequest, LmspError
 
 MEDIA_TYPE = "application/json"
 UNSUPPORTED_PARAMETER = "unsupported_parameter"
@@ -78,7 +78,7 @@ def param_of(exc: LmspError) -> str | None:
 
 
 def with_param(exc: LmspError, params: Mapping[str, str]) -> LmspError:
-    """Name the parameter of an error raised by the shared checks (``lmsp_core.validation``, the
+    """Name the parameter of an error raised by the shared checks (``lmsp_core.requests.validation``, the
     catalog, extensions), from its code; ``params`` maps codes to the endpoint's parameter names."""
     if param_of(exc) is None:
         param = params.get(exc.code)

@@ -17,10 +17,11 @@ import msgspec
 
 from api.openai import objects as oa
 from api.openai.translation import echo_of
-from lmsp_core import extensions, wire
-from lmsp_core.chat import message_text
-from lmsp_core.eventlog import Event
-from lmsp_core.tasks import TaskRecord
+from lmsp_core import wire
+from lmsp_core.requests import extensions
+from lmsp_core.requests.chat import message_text
+from lmsp_core.store.eventlog import Event
+from lmsp_core.store.tasks import TaskRecord
 
 FORMAT_TEXT = oa.TextConfig(format=oa.TextFormat())
 

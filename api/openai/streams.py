@@ -18,8 +18,8 @@ from api.openai.errors import error_object
 from api.openai.rendering import EventRenderer, ResponseView
 from api.services import Services
 from lmsp_core import wire
-from lmsp_core.errors import ServiceUnavailable
-from lmsp_core.tasks import TaskRecord
+from lmsp_core.store.tasks import TaskRecord
+from lmsp_core.wire.errors import ServiceUnavailable
 
 HEARTBEAT = b": keep-alive\n"
 DONE = b"data: [DONE]\n\n"

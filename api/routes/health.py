@@ -6,8 +6,8 @@ from redis.exceptions import RedisError
 from api import openapi as doc
 from api.metrics import ModelState, ServiceState, WorkerState, service_state
 from api.services import Services
-from lmsp_core import registry
-from lmsp_core.errors import ServiceUnavailable
+from lmsp_core.store import registry
+from lmsp_core.wire.errors import ServiceUnavailable
 
 # the Prometheus text format 0.0.4 (Litestar adds the charset)
 METRICS_MEDIA_TYPE = "text/plain; version=0.0.4"

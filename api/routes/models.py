@@ -4,8 +4,9 @@ from litestar import Controller, get
 
 from api import openapi as doc
 from api.services import Services
-from lmsp_core import registry, tokens, wire
-from lmsp_core.catalog import ModelSpec
+from lmsp_core import wire
+from lmsp_core.requests.catalog import ModelSpec
+from lmsp_core.store import credentials, registry
 
 
 def model_object(spec: ModelSpec, workers: list[registry.WorkerInfo]) -> wire.ModelObject:
@@ -22,7 +23,7 @@ def model_object(spec: ModelSpec, workers: list[registry.WorkerInfo]) -> wire.Mo
 class ModelsController(Controller):
     path = "/lmsp/v1/models"
     tags = ["models"]
-    opt = {"scope": tokens.MODELS_READ}
+    opt = {"scope": credentials.MODELS_READ}
 
     @get(summary="List models",
          description="Every model of the catalog with its context window, output cap, capabilities, and whether "

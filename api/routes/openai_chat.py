@@ -17,8 +17,9 @@ from api.openai.streams import chat_chunks
 from api.openai.translation import CHAT_PARAMS, chat_request
 from api.services import Services
 from api.submit import submit
-from lmsp_core import eventlog, tokens, wire
-from lmsp_core.errors import GenerationFailed, Gone, LmspError
+from lmsp_core import wire
+from lmsp_core.store import credentials, eventlog
+from lmsp_core.wire.errors import GenerationFailed, Gone, LmspError
 
 ENDPOINT = "openai.chat"  # Idempotency-Key fingerprints: never shared with another route
 
@@ -30,7 +31,7 @@ class OpenAIChatController(Controller):
     path = f"{PREFIX}/chat/completions"
     tags = ["openai"]
 
-    @post(status_code=200, summary="Create a chat completion (OpenAI)", opt={"scope": tokens.RESPONSES_WRITE},
+    @post(status_code=200, summary="Create a chat completion (OpenAI)", opt={"scope": credentials.RESPONSES_WRITE},
           operation_class=_STREAMED, after_request=errors_only,
           description="OpenAI's `chat.completions.create`, as a direct response: the `chat.completion`, or with "
                       "`stream: true` its chunks (`text/event-stream`; `stream_options.include_usage` adds a last "
@@ -77,7 +78,7 @@ class OpenAIChatController(Controller):
 class OpenAIModelsController(Controller):
     path = f"{PREFIX}/models"
     tags = ["openai"]
-    opt = {"scope": tokens.MODELS_READ}
+    opt = {"scope": credentials.MODELS_READ}
 
     @get(summary="List models (OpenAI)", after_request=errors_only,
          description="OpenAI's `models.list`: every model of the catalog (`GET /lmsp/v1/models` tells which have "

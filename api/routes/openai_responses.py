@@ -25,11 +25,13 @@ from api.openai.streams import response_events
 from api.openai.translation import RESPONSES_PARAMS, responses_request
 from api.services import Services
 from api.submit import submit
-from lmsp_core import eventlog, ids, tokens, wire
-from lmsp_core.conversations import StoredResponse
-from lmsp_core.errors import Forbidden, GenerationFailed, Gone, InvalidRequest, LmspError, NotFound
-from lmsp_core.tasks import CancelOutcome, Kind, TaskRecord
-from lmsp_core.tokens import Identity
+from lmsp_core import wire
+from lmsp_core.store import credentials, eventlog
+from lmsp_core.store.conversations import StoredResponse
+from lmsp_core.store.credentials import Identity
+from lmsp_core.store.tasks import CancelOutcome, Kind, TaskRecord
+from lmsp_core.wire import ids
+from lmsp_core.wire.errors import Forbidden, GenerationFailed, Gone, InvalidRequest, LmspError, NotFound
 
 CANCEL_WAIT = 3.0  # as POST /lmsp/v1/tasks/{id}/cancel
 ENDPOINT = "openai.responses"  # Idempotency-Key fingerprints: never shared with another route
@@ -43,7 +45,7 @@ class OpenAIResponsesController(Controller):
     path = f"{PREFIX}/responses"
     tags = ["openai"]
 
-    @post(status_code=200, summary="Create a response (OpenAI)", opt={"scope": tokens.RESPONSES_WRITE},
+    @post(status_code=200, summary="Create a response (OpenAI)", opt={"scope": credentials.RESPONSES_WRITE},
           operation_class=_STREAMED, after_request=errors_only,
           description="OpenAI's `responses.create`: the response object, or with `stream: true` its events "
                       "(`text/event-stream`). `background: true` makes it a task (also `tasks:write`): the "
@@ -60,9 +62,9 @@ class OpenAIResponsesController(Controller):
         key = idempotency.parse_key(idempotency_key)
         try:
             lmsp = responses_request(data, services.catalog.get(data.model))
-            if data.background and tokens.TASKS_WRITE not in identity.scopes:
+            if data.background and credentials.TASKS_WRITE not in identity.scopes:
                 raise Forbidden("A background response is a task: it needs the 'tasks:write' scope too.",
-                                scope=tokens.TASKS_WRITE)
+                                scope=credentials.TASKS_WRITE)
             kind: Kind = "task" if data.background else "direct"
             slot = await services.limits.open_stream(identity.principal) if data.stream else None
             try:
@@ -89,7 +91,7 @@ class OpenAIResponsesController(Controller):
             return Response(content=b"", status_code=499)
         return _json(_final(view, await services.store.get(record.id)), headers)
 
-    @get("/{response_id:str}", summary="Retrieve a response (OpenAI)", opt={"scope": tokens.RESPONSES_READ},
+    @get("/{response_id:str}", summary="Retrieve a response (OpenAI)", opt={"scope": credentials.RESPONSES_READ},
          operation_class=_STREAMED, after_request=errors_only,
          description="OpenAI's `responses.retrieve`: a stored response of the caller (`queued` or `in_progress` "
                      "without output until it is final). With `stream=true` its events from the start, or those "
@@ -126,7 +128,7 @@ class OpenAIResponsesController(Controller):
         return sse.response(slot.wrap(response_events(services, ResponseView(record), after)))
 
     @post("/{response_id:str}/cancel", status_code=200, summary="Cancel a response (OpenAI)",
-          opt={"scope": tokens.TASKS_WRITE}, after_request=errors_only,
+          opt={"scope": credentials.TASKS_WRITE}, after_request=errors_only,
           description="OpenAI's `responses.cancel`, for background responses (a direct one stops when its client "
                       "goes away): a queued one never runs, a running one stops within a few tokens (the call "
                       "waits up to 3 s) and keeps its output. Idempotent; a final response is returned as it is.",

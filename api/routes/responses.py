@@ -21,16 +21,18 @@ from api.problems import problem_response
 from api.services import Services
 from api.sse import relay
 from api.submit import submit
-from lmsp_core import eventlog, ids, tokens, wire
-from lmsp_core.errors import GenerationFailed, Gone, NotFound
-from lmsp_core.tasks import TaskRecord
+from lmsp_core import wire
+from lmsp_core.store import credentials, eventlog
+from lmsp_core.store.tasks import TaskRecord
+from lmsp_core.wire import ids
+from lmsp_core.wire.errors import GenerationFailed, Gone, NotFound
 
 
 class ResponsesController(Controller):
     path = "/lmsp/v1/responses"
     tags = ["responses"]
 
-    @post(status_code=200, summary="Create a response", opt={"scope": tokens.RESPONSES_WRITE},
+    @post(status_code=200, summary="Create a response", opt={"scope": credentials.RESPONSES_WRITE},
           description="Generates a response, returned when it is final (`stream: false`, 6.2) or as server-sent "
                       "events (`stream: true`, 6.3). A direct response belongs to its connection: if the client "
                       "goes away, generation stops (unless it carries an `Idempotency-Key`). For resumable output "
@@ -70,7 +72,7 @@ class ResponsesController(Controller):
             return Response(content=b"", status_code=499)
         return await _final_answer(services, record, headers)
 
-    @get("/{response_id:str}", summary="Get a stored response", opt={"scope": tokens.RESPONSES_READ},
+    @get("/{response_id:str}", summary="Get a stored response", opt={"scope": credentials.RESPONSES_READ},
          description="A response created with `store: true` by the same principal: the response object (6.2), "
                      "`in_progress` with no output while it is being generated. Unknown, expired, another "
                      "principal's or unstored responses are all `404 response_not_found`.",

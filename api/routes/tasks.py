@@ -22,9 +22,11 @@ from api.idempotency import REPLAYED, IdempotencyKey
 from api.services import Services
 from api.sse import relay
 from api.submit import submit
-from lmsp_core import connections, eventlog, ids, tokens, wire
-from lmsp_core.errors import Gone, InvalidRequest, NotFound
-from lmsp_core.tasks import CancelOutcome, ListCursor, TaskRecord
+from lmsp_core import wire
+from lmsp_core.store import connections, credentials, eventlog
+from lmsp_core.store.tasks import CancelOutcome, ListCursor, TaskRecord
+from lmsp_core.wire import ids
+from lmsp_core.wire.errors import Gone, InvalidRequest, NotFound
 
 CANCEL_WAIT = 3.0  # how long cancel waits for a running task to stop before answering
 MAX_PAGE = 100
@@ -40,7 +42,7 @@ class TasksController(Controller):
     path = "/lmsp/v1/tasks"
     tags = ["tasks"]
 
-    @post(status_code=202, summary="Create a task", opt={"scope": tokens.TASKS_WRITE},
+    @post(status_code=202, summary="Create a task", opt={"scope": credentials.TASKS_WRITE},
           description="Queues a generation and answers `202` at once, with `Location: /lmsp/v1/tasks/{id}`. The "
                       "body is that of `POST /lmsp/v1/responses` (`stream` is ignored); follow the task at "
                       "`/lmsp/v1/tasks/{id}/events`. A repeat with the same `Idempotency-Key` and body returns the "
@@ -59,7 +61,7 @@ class TasksController(Controller):
                    **ignored_extensions(services, data)}
         return Response(record.to_wire(), status_code=202, headers=headers)
 
-    @get(summary="List tasks", opt={"scope": tokens.TASKS_READ},
+    @get(summary="List tasks", opt={"scope": credentials.TASKS_READ},
          description="The caller's tasks, newest first, `limit` per page (default 20, at most 100). When "
                      "`has_more` is true, pass `next_cursor` as `cursor` for the next page. Tasks leave the list "
                      "when their record expires (`LMSP_TASK_RETENTION` after they end).",
@@ -83,13 +85,13 @@ class TasksController(Controller):
         return wire.TaskList(data=[record.to_wire() for record in records], has_more=more, next_cursor=next_cursor)
 
     @get("/{task_id:str}", summary="Get a task", description="The task, with its response once it is final.",
-         opt={"scope": tokens.TASKS_READ},
+         opt={"scope": credentials.TASKS_READ},
          responses={200: _FINAL, **doc.problems("invalid_request", "task_not_found", "service_unavailable",
                                                 *doc.GUARDED)})
     async def get_task(self, task_id: str, services: Services, owner: str) -> wire.Task:
         return (await load_task(services, task_id, owner)).to_wire()
 
-    @get("/{task_id:str}/events", summary="Follow a task's events", opt={"scope": tokens.TASKS_READ},
+    @get("/{task_id:str}/events", summary="Follow a task's events", opt={"scope": credentials.TASKS_READ},
          operation_class=doc.TASK_EVENT_STREAM_OPERATION,
          description="Server-sent events after `?after=N` or `Last-Event-ID` (`after` wins; an empty `after` counts "
                      "as absent), then live events until the final one. Every event has an `id`. While the task "
@@ -120,7 +122,7 @@ class TasksController(Controller):
         slot = await services.limits.open_stream(owner)
         return sse.response(slot.wrap(events))
 
-    @post("/{task_id:str}/cancel", status_code=200, summary="Cancel a task", opt={"scope": tokens.TASKS_WRITE},
+    @post("/{task_id:str}/cancel", status_code=200, summary="Cancel a task", opt={"scope": credentials.TASKS_WRITE},
           description="A queued task never runs; a running one stops within a few tokens (the call waits up to "
                       "3 s for that) and keeps its partial output. Idempotent; a final task is left as it is.",
           responses={200: _FINAL, **doc.problems("invalid_request", "task_not_found", "service_unavailable",

@@ -13,9 +13,9 @@ import redis.asyncio as aioredis
 from api.app import create_app
 from api.auth import check_exposure
 from lmsp.up import auth_for_up
-from lmsp_core import tokens
-from lmsp_core.errors import InvalidRequest
 from lmsp_core.settings import Settings
+from lmsp_core.store import credentials
+from lmsp_core.wire.errors import InvalidRequest
 from tests.e2e.test_errors import assert_problem
 from tests.support import ROOT, Api, RedisServer, TokenFactory, bearer, body, free_port, service_env
 
@@ -23,29 +23,29 @@ UNKNOWN_TASK = "task_0000000000000000000000000A"
 
 # every route and the scope it needs; public routes need none
 ROUTES: list[tuple[str, str, str | None]] = [
-    ("POST", "/lmsp/v1/responses", tokens.RESPONSES_WRITE),
-    ("POST", "/lmsp/v1/tasks", tokens.TASKS_WRITE),
-    ("GET", "/lmsp/v1/tasks/{task_id}", tokens.TASKS_READ),
-    ("GET", "/lmsp/v1/tasks/{task_id}/events", tokens.TASKS_READ),
-    ("POST", "/lmsp/v1/tasks/{task_id}/cancel", tokens.TASKS_WRITE),
-    ("GET", "/lmsp/v1/models", tokens.MODELS_READ),
-    ("GET", "/lmsp/v1/models/{model_id}", tokens.MODELS_READ),
-    ("GET", "/lmsp/v1/tasks", tokens.TASKS_READ),
-    ("GET", "/lmsp/v1/responses/{response_id}", tokens.RESPONSES_READ),
-    ("GET", "/metrics", tokens.MODELS_READ),
-    ("GET", "/status", tokens.MODELS_READ),
+    ("POST", "/lmsp/v1/responses", credentials.RESPONSES_WRITE),
+    ("POST", "/lmsp/v1/tasks", credentials.TASKS_WRITE),
+    ("GET", "/lmsp/v1/tasks/{task_id}", credentials.TASKS_READ),
+    ("GET", "/lmsp/v1/tasks/{task_id}/events", credentials.TASKS_READ),
+    ("POST", "/lmsp/v1/tasks/{task_id}/cancel", credentials.TASKS_WRITE),
+    ("GET", "/lmsp/v1/models", credentials.MODELS_READ),
+    ("GET", "/lmsp/v1/models/{model_id}", credentials.MODELS_READ),
+    ("GET", "/lmsp/v1/tasks", credentials.TASKS_READ),
+    ("GET", "/lmsp/v1/responses/{response_id}", credentials.RESPONSES_READ),
+    ("GET", "/metrics", credentials.MODELS_READ),
+    ("GET", "/status", credentials.MODELS_READ),
     ("GET", "/healthz", None),
     ("GET", "/readyz", None),
     ("GET", "/", None),
 ]
 # the OpenAI routes (their answers, OpenAI error objects, are checked in tests/e2e/test_openai_access.py)
 OPENAI_ROUTES: list[tuple[str, str, str | None]] = [
-    ("POST", "/v1/responses", tokens.RESPONSES_WRITE),
-    ("GET", "/v1/responses/{response_id}", tokens.RESPONSES_READ),
-    ("POST", "/v1/responses/{response_id}/cancel", tokens.TASKS_WRITE),
-    ("POST", "/v1/chat/completions", tokens.RESPONSES_WRITE),
-    ("GET", "/v1/models", tokens.MODELS_READ),
-    ("GET", "/v1/models/{model}", tokens.MODELS_READ),
+    ("POST", "/v1/responses", credentials.RESPONSES_WRITE),
+    ("GET", "/v1/responses/{response_id}", credentials.RESPONSES_READ),
+    ("POST", "/v1/responses/{response_id}/cancel", credentials.TASKS_WRITE),
+    ("POST", "/v1/chat/completions", credentials.RESPONSES_WRITE),
+    ("GET", "/v1/models", credentials.MODELS_READ),
+    ("GET", "/v1/models/{model}", credentials.MODELS_READ),
 ]
 
 
@@ -101,7 +101,7 @@ async def test_missing_and_invalid_tokens_get_401(secure: httpx.AsyncClient, mak
 async def test_each_route_needs_its_scope(secure: httpx.AsyncClient, make_token: TokenFactory, method: str,
                                           path: str, scope: str) -> None:
     method, url, kwargs = _request(method, path)
-    others, _ = await make_token([s for s in tokens.GRANTABLE if s != scope])
+    others, _ = await make_token([s for s in credentials.GRANTABLE if s != scope])
     response = await secure.request(method, url, headers=bearer(others), **kwargs)
     assert_problem(response, 403, "insufficient_scope")
     assert f'scope="{scope}"' in response.headers["www-authenticate"]
@@ -119,15 +119,15 @@ async def test_public_routes_and_schema_need_no_token(secure: httpx.AsyncClient)
 async def test_tools_execute_is_never_granted(redis: aioredis.Redis) -> None:
     for scopes in (["tools:execute"], ["models:read", "tools:execute"], ["admin"], []):
         with pytest.raises(InvalidRequest):
-            await tokens.create(redis, "someone", scopes)
+            await credentials.create(redis, "someone", scopes)
     # even a record written by hand with the reserved scope does not carry it
-    token, record = await tokens.create(redis, "someone", ["models:read"])
-    forged = tokens.TokenRecord(id=record.id, principal="someone", scopes=["models:read", "tools:execute"],
+    token, record = await credentials.create(redis, "someone", ["models:read"])
+    forged = credentials.TokenRecord(id=record.id, principal="someone", scopes=["models:read", "tools:execute"],
                                 created_at=record.created_at)
-    await redis.set(f"lmsp:{{auth}}:token:{tokens.hash_token(token)}", msgspec.json.encode(forged))
-    identity = await tokens.authenticate(redis, token)
+    await redis.set(f"lmsp:{{auth}}:token:{credentials.hash_token(token)}", msgspec.json.encode(forged))
+    identity = await credentials.authenticate(redis, token)
     assert identity is not None and identity.scopes == frozenset({"models:read"})
-    assert await tokens.revoke(redis, record.id)
+    assert await credentials.revoke(redis, record.id)
 
 
 async def test_tasks_belong_to_their_principal(secure: httpx.AsyncClient, make_token: TokenFactory) -> None:

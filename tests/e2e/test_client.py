@@ -15,7 +15,8 @@ from lmsp.client import (
     ServiceUnavailableError,
 )
 from lmsp.client.common import Config
-from lmsp_core import keys, wire
+from lmsp_core import wire
+from lmsp_core.store import keys
 from tests.proxy import CuttingProxy
 from tests.support import Api, Worker
 

@@ -10,8 +10,9 @@ import msgspec
 import pytest_asyncio
 import redis.asyncio as aioredis
 
-from lmsp_core import registry, wire
-from lmsp_core.chat import PromptRenderer
+from lmsp_core import wire
+from lmsp_core.requests.chat import PromptRenderer
+from lmsp_core.store import registry
 from tests.e2e.test_errors import assert_problem
 from tests.e2e.test_tools import TOOLS, assert_valid_calls
 from tests.support import Api, RedisServer, TokenFactory, Worker, bearer, body, collect, user_input

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from lmsp_core.catalog import TINY_RANDOM, ModelSpec
+from lmsp_core.requests.catalog import TINY_RANDOM, ModelSpec
 from lmsp_core.settings import load_settings
 from workers import loader
 from workers.engine import Engine, Finish, Generation
@@ -134,8 +134,9 @@ async def test_grammar_constrained_and_free_sequences_share_a_batch(tiny: loader
 
     import msgspec
 
-    from lmsp_core import grammars, wire
-    from lmsp_core.chat import PromptRenderer
+    from lmsp_core import wire
+    from lmsp_core.requests import grammars
+    from lmsp_core.requests.chat import PromptRenderer
     from workers.grammar import GrammarConstraint, tokenizer_for
 
     schema = {"type": "object", "properties": {"size": {"enum": ["small", "large"]}, "count": {"type": "integer"}},
@@ -167,7 +168,7 @@ async def test_grammar_constrained_and_free_sequences_share_a_batch(tiny: loader
 def test_llama_8b_random_has_the_8b_shape() -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from lmsp_core.catalog import LLAMA_8B_RANDOM, SMOLLM2
+    from lmsp_core.requests.catalog import LLAMA_8B_RANDOM, SMOLLM2
 
     tokenizer = AutoTokenizer.from_pretrained(loader.converted_gguf(SMOLLM2, Path(load_settings().model_cache)))
     config = loader.random_llama_config(LLAMA_8B_RANDOM, tokenizer)

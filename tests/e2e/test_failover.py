@@ -28,8 +28,9 @@ import httpx
 import pytest
 import pytest_asyncio
 
-from lmsp_core import connections, keys, wire
+from lmsp_core import wire
 from lmsp_core.settings import load_settings
+from lmsp_core.store import connections, keys
 from tests.faults import Group, assert_exactly_once, text_of, wait_for
 from tests.replication import UNUSED_URL, ReplicatedRedis
 from tests.support import Api, RedisServer, SseEvent, Worker, body, service_env, sse_events

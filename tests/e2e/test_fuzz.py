@@ -17,7 +17,7 @@ import redis.asyncio as aioredis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lmsp_core import tokens
+from lmsp_core.store import credentials as store
 from tests.support import Api, RedisServer, Worker
 
 PROBLEM = "application/problem+json"
@@ -78,8 +78,8 @@ def credentials(redis_server: RedisServer) -> dict[str, str]:
     async def create() -> dict[str, str]:
         redis = aioredis.Redis.from_url(redis_server.url)
         try:
-            full, _ = await tokens.create(redis, "fuzz", list(tokens.GRANTABLE))
-            narrow, _ = await tokens.create(redis, "fuzz", ["models:read"])
+            full, _ = await store.create(redis, "fuzz", list(store.GRANTABLE))
+            narrow, _ = await store.create(redis, "fuzz", ["models:read"])
         finally:
             await redis.aclose()
         return {"full": full, "narrow": narrow}

@@ -7,7 +7,7 @@ from typing import Any
 import httpx
 import redis.asyncio as aioredis
 
-from lmsp_core import keys, queue
+from lmsp_core.store import keys, queue
 from tests.e2e.test_errors import assert_problem
 from tests.support import TokenFactory, bearer, body, collect, tasks_of
 

@@ -10,8 +10,8 @@ import pytest
 import pytest_asyncio
 import redis.asyncio as aioredis
 
-from lmsp_core import queue
 from lmsp_core.settings import TOKENS_MAX_STREAMS, TOKENS_RATE_LIMIT, Settings
+from lmsp_core.store import queue
 from tests.e2e.test_errors import assert_problem
 from tests.support import Api, RedisServer, TokenFactory, Worker, bearer, body, tasks_of, user_input
 

@@ -3,7 +3,7 @@
 import httpx
 import redis.asyncio as aioredis
 
-from lmsp_core import registry
+from lmsp_core.store import registry
 from tests.e2e.test_errors import assert_problem
 from tests.support import body
 

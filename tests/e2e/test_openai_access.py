@@ -11,7 +11,7 @@ import pytest_asyncio
 from openapi_spec_validator import validate
 
 from api.app import OPENAI_SDK_HEADERS
-from lmsp_core import tokens
+from lmsp_core.store import credentials
 from tests.e2e.test_auth import OPENAI_ROUTES
 from tests.support import SECURE_CORS_ORIGIN, Api, TokenFactory, Worker, bearer
 
@@ -72,7 +72,7 @@ async def test_each_route_needs_its_scope(secure: httpx.AsyncClient, make_token:
         else {}
     missing = await secure.request(method, url, **kwargs)
     assert missing.status_code == 401 and missing.json()["error"]["code"] == "unauthorized"
-    others, _ = await make_token([s for s in tokens.GRANTABLE if s != scope])
+    others, _ = await make_token([s for s in credentials.GRANTABLE if s != scope])
     denied = await secure.request(method, url, headers=bearer(others), **kwargs)
     assert denied.status_code == 403 and denied.json()["error"]["type"] == "permission_error"
     assert f'scope="{scope}"' in denied.headers["www-authenticate"]

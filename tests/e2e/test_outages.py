@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest_asyncio
 
-from lmsp_core import keys, wire
+from lmsp_core import wire
+from lmsp_core.store import keys
 from tests.e2e.test_errors import assert_problem
 from tests.e2e.test_tasks import logged
 from tests.faults import Group, assert_exactly_once, models_file, text_of, tiny, wait_for

@@ -14,9 +14,9 @@ import httpx
 import pytest_asyncio
 import redis.asyncio as aioredis
 
-from lmsp_core import queue
 from lmsp_core.settings import load_settings
-from lmsp_core.tasks import TaskRecord, TaskStore
+from lmsp_core.store import queue
+from lmsp_core.store.tasks import TaskRecord, TaskStore
 from tests.support import Api, Worker, body, sse_events
 
 MODEL = "tiny-serial"

@@ -4,7 +4,7 @@ import httpx
 import redis.asyncio as aioredis
 
 from api.version import HEADER as VERSION_HEADER
-from lmsp_core import keys
+from lmsp_core.store import keys
 from tests.e2e.test_errors import assert_problem
 from tests.support import Api, TokenFactory, bearer, body
 

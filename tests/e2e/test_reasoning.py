@@ -16,8 +16,9 @@ import pytest_asyncio
 import redis.asyncio as aioredis
 from tokenizers import Tokenizer
 
-from lmsp_core import ids, registry
-from lmsp_core.catalog import ReasoningFormat
+from lmsp_core.requests.catalog import ReasoningFormat
+from lmsp_core.store import registry
+from lmsp_core.wire import ids
 from tests.conftest import REASONING_BUDGET
 from tests.e2e.test_errors import assert_problem
 from tests.support import Api, Worker, body, collect

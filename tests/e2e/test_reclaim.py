@@ -21,9 +21,11 @@ import openai
 import pytest
 import pytest_asyncio
 
-from lmsp_core import ids, keys, queue, wire
+from lmsp_core import wire
 from lmsp_core.settings import load_settings
-from lmsp_core.tasks import TaskRecord, TaskStore
+from lmsp_core.store import keys, queue
+from lmsp_core.store.tasks import TaskRecord, TaskStore
+from lmsp_core.wire import ids
 from tests.e2e.test_tasks import logged
 from tests.faults import Group, assert_exactly_once, text_of, wait_for
 from tests.support import Api, RedisServer, SseEvent, Worker, body, sse_events

@@ -7,8 +7,9 @@ import httpx
 import msgspec
 import redis.asyncio as aioredis
 
-from lmsp_core import eventlog, keys, registry, wire
-from lmsp_core.chat import PromptRenderer
+from lmsp_core import wire
+from lmsp_core.requests.chat import PromptRenderer
+from lmsp_core.store import eventlog, keys, registry
 from tests.support import body, collect, user_input
 
 ULID_CHARS = set("0123456789ABCDEFGHJKMNPQRSTVWXYZ")

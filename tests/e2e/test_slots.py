@@ -12,7 +12,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
 
-from lmsp_core.catalog import TINY_RANDOM
+from lmsp_core.requests.catalog import TINY_RANDOM
 from lmsp_core.settings import load_settings
 from workers import loader, precision, scheduler
 from workers.decoder import Decoder, unsupported_reason

@@ -239,14 +239,14 @@ async def test_cancel_a_running_task(client: httpx.AsyncClient) -> None:
 async def test_retention_settings_are_key_expiries(client: httpx.AsyncClient, redis: Any) -> None:
     task = await create(client, max_output_tokens=2)
     await events(client, task["id"])
-    from lmsp_core import keys
+    from lmsp_core.store import keys
 
     assert 3500 < await redis.ttl(keys.events(task["id"])) <= 3600
     assert 86000 < await redis.ttl(keys.task(task["id"])) <= 86400
 
 
 async def test_a_finished_log_is_stored_compactly_and_replays_whole(client: httpx.AsyncClient, redis: Any) -> None:
-    from lmsp_core import keys
+    from lmsp_core.store import keys
 
     task = await create(client, max_output_tokens=200)
     streamed = await events(client, task["id"])
@@ -259,7 +259,7 @@ async def test_a_finished_log_is_stored_compactly_and_replays_whole(client: http
 
 
 def test_stored_form_of_events_round_trips() -> None:
-    from lmsp_core import eventlog
+    from lmsp_core.store import eventlog
 
     rid = "resp_01J8M6Q4W2T7N5R3V9X1Z8B0DF"
     cases = [

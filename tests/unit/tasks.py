@@ -9,9 +9,11 @@ from typing import Any
 import msgspec
 import redis.asyncio as aioredis
 
-from lmsp_core import ids, keys, wire
-from lmsp_core.eventstore import Append, AppendReply, EventStore
-from lmsp_core.tasks import Claim, ClaimOutcome, TaskRecord, TaskStore
+from lmsp_core import wire
+from lmsp_core.store import keys
+from lmsp_core.store.eventstore import Append, AppendReply, EventStore
+from lmsp_core.store.tasks import Claim, ClaimOutcome, TaskRecord, TaskStore
+from lmsp_core.wire import ids
 from tests.support import user_input
 
 FAILURE = wire.Problem(type="about:blank", title="Worker lost", status=500, detail="gave up", code="worker_lost")

@@ -6,8 +6,8 @@ import msgspec
 from transformers import AutoTokenizer
 
 from lmsp_core import wire
-from lmsp_core.catalog import SMOLLM2
-from lmsp_core.chat import PromptRenderer
+from lmsp_core.requests.catalog import SMOLLM2
+from lmsp_core.requests.chat import PromptRenderer
 from lmsp_core.settings import load_settings
 from workers import loader
 

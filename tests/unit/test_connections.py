@@ -1,4 +1,4 @@
-"""The Redis settings and the one connection factory (``lmsp_core.connections``); the factory's
+"""The Redis settings and the one connection factory (``lmsp_core.store.connections``); the factory's
 Sentinel side against real sentinels is in test_failover.py."""
 
 import time
@@ -8,8 +8,8 @@ import pytest
 from redis.asyncio.sentinel import MasterNotFoundError
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from lmsp_core import connections
 from lmsp_core.settings import Settings, load_settings
+from lmsp_core.store import connections
 from tests.support import RedisServer, free_port
 
 

@@ -4,10 +4,11 @@ replies: claims, cancellations, appends and the token checkpoint."""
 import msgspec
 import redis.asyncio as aioredis
 
-from lmsp_core import eventlog, keys, wire
-from lmsp_core.eventstore import Append, AppendOutcome, EventStore, Final, read_tokens
+from lmsp_core import wire
 from lmsp_core.settings import Settings
-from lmsp_core.tasks import CancelOutcome, ClaimOutcome, TaskStore
+from lmsp_core.store import eventlog, keys
+from lmsp_core.store.eventstore import Append, AppendOutcome, EventStore, Final, read_tokens
+from lmsp_core.store.tasks import CancelOutcome, ClaimOutcome, TaskStore
 from tests.unit.tasks import append, claim, claimed, deltas, lapse, new_task
 
 

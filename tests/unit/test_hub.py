@@ -11,8 +11,10 @@ import pytest
 import redis.asyncio as aioredis
 
 from api.hub import EventHub
-from lmsp_core import eventlog, ids, keys, wire
-from lmsp_core.tasks import TaskRecord
+from lmsp_core import wire
+from lmsp_core.store import eventlog, keys
+from lmsp_core.store.tasks import TaskRecord
+from lmsp_core.wire import ids
 
 HEARTBEAT = 0.05
 

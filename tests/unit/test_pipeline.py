@@ -14,9 +14,10 @@ import torch
 from tokenizers import Tokenizer
 from transformers import AutoTokenizer
 
-from lmsp_core import grammars, wire
-from lmsp_core.catalog import SMOLLM2, ReasoningFormat
-from lmsp_core.chat import ModelCard, PromptRenderer, to_messages
+from lmsp_core import wire
+from lmsp_core.requests import grammars
+from lmsp_core.requests.catalog import SMOLLM2, ReasoningFormat
+from lmsp_core.requests.chat import ModelCard, PromptRenderer, to_messages
 from lmsp_core.settings import load_settings
 from tests.conftest import REASONING_TEMPLATE
 from workers import loader

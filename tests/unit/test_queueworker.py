@@ -12,8 +12,8 @@ from arq.connections import ArqRedis
 from arq.worker import Worker, func
 from redis.exceptions import RedisError
 
-from lmsp_core import keys
 from lmsp_core.settings import Settings
+from lmsp_core.store import keys
 from tests.support import free_port
 from tests.unit.tasks import model_id
 from workers.queueworker import ARQ_ATTRIBUTES, ARQ_INTERNALS, WakeableWorker

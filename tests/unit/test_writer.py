@@ -7,10 +7,11 @@ import asyncio
 import msgspec
 import redis.asyncio as aioredis
 
-from lmsp_core import eventlog, keys, wire
-from lmsp_core.eventstore import Final, read_tokens
+from lmsp_core import wire
 from lmsp_core.settings import Settings
-from lmsp_core.tasks import CancelOutcome, TaskRecord, TaskStore
+from lmsp_core.store import eventlog, keys
+from lmsp_core.store.eventstore import Final, read_tokens
+from lmsp_core.store.tasks import CancelOutcome, TaskRecord, TaskStore
 from tests.unit.tasks import Run, claimed, delta, lapse, new_task
 from workers.writer import EventWriter
 

@@ -19,8 +19,9 @@ import msgspec
 from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
 
-from lmsp_core import eventlog, keys, scripts, wire
+from lmsp_core import wire
 from lmsp_core.settings import Settings
+from lmsp_core.store import eventlog, keys, scripts
 
 
 class Final(msgspec.Struct, frozen=True):

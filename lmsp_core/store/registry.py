@@ -17,8 +17,8 @@ import msgspec
 from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
 
-from lmsp_core import keys
-from lmsp_core.chat import ModelCard, card_digest
+from lmsp_core.requests.chat import ModelCard, card_digest
+from lmsp_core.store import keys
 
 
 class WorkerInfo(msgspec.Struct, frozen=True, kw_only=True):

@@ -23,8 +23,8 @@ from datetime import UTC, datetime, timedelta
 from arq.connections import ArqRedis
 from redis.asyncio import Redis
 
-from lmsp_core import keys
-from lmsp_core.extensions import Priority
+from lmsp_core.requests.extensions import Priority
+from lmsp_core.store import keys
 
 GENERATE = "generate"
 JOB_EXPIRY = timedelta(days=1)  # arq's default; set explicitly, since arq shortens it for past scores

@@ -19,8 +19,9 @@ import msgspec
 from msgspec import Meta
 from redis.asyncio import Redis
 
-from lmsp_core import ids, keys
-from lmsp_core.errors import InvalidRequest
+from lmsp_core.store import keys
+from lmsp_core.wire import ids
+from lmsp_core.wire.errors import InvalidRequest
 
 TOKEN_PREFIX = "lmsp_"
 TOKEN_ID = "tok"

@@ -10,8 +10,8 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
-from lmsp_core.errors import InvalidRequest
 from lmsp_core.settings import Settings
+from lmsp_core.wire.errors import InvalidRequest
 
 if TYPE_CHECKING:  # the service's packages (extra "api"): imported when the command runs
     from redis.asyncio import Redis
@@ -48,21 +48,21 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def _run(args: argparse.Namespace, settings: Settings) -> int:
-    from lmsp_core import connections, tokens
+    from lmsp_core.store import connections, credentials
 
     redis = connections.connect(settings)
     try:
         if args.action == "create":
-            token, record = await tokens.create(redis, args.principal, args.scopes)
+            token, record = await credentials.create(redis, args.principal, args.scopes)
             await _replicated(redis, settings)
             print(token)
             print(f"created {record.id} for principal {record.principal} ({','.join(record.scopes)}); "
                   "the token is shown only now", file=sys.stderr)
         elif args.action == "list":
-            for record in await tokens.list_tokens(redis):
+            for record in await credentials.list_tokens(redis):
                 created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(record.created_at))
                 print(f"{record.id}\t{record.principal}\t{','.join(record.scopes)}\t{created}")
-        elif not await tokens.revoke(redis, args.token_id):
+        elif not await credentials.revoke(redis, args.token_id):
             print(f"lmsp token: no token {args.token_id}", file=sys.stderr)
             return 1
         else:
@@ -74,7 +74,7 @@ async def _run(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def _replicated(redis: "Redis", settings: Settings) -> None:
-    from lmsp_core import connections
+    from lmsp_core.store import connections
 
     # a revocation that a failover loses would let the token in again: say so when unconfirmed
     if not await connections.replicated(redis, connections.ReplicaWatch(settings)):

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
 
-from lmsp_core import keys, scripts
+from lmsp_core.store import keys, scripts
 
 
 class ActiveIndex:

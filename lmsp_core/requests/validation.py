@@ -7,10 +7,11 @@ them again before it generates, since a queued request may meet a differently co
 import re
 from collections.abc import Sequence
 
-from lmsp_core import extensions, grammars, wire
-from lmsp_core.catalog import ModelSpec
-from lmsp_core.errors import ContextLengthExceeded, InvalidRequest, LimitExceeded, UnsupportedCapability
+from lmsp_core import wire
+from lmsp_core.requests import extensions, grammars
+from lmsp_core.requests.catalog import ModelSpec
 from lmsp_core.settings import Settings
+from lmsp_core.wire.errors import ContextLengthExceeded, InvalidRequest, LimitExceeded, UnsupportedCapability
 
 _RESERVED_CONTENT = (wire.InputImage, wire.InputAudio, wire.InputFile)
 

@@ -18,7 +18,7 @@ from typing import Any
 import llguidance
 
 from lmsp_core import wire
-from lmsp_core.catalog import ReasoningFormat
+from lmsp_core.requests.catalog import ReasoningFormat
 
 CALL_OPEN = "<tool_call>"
 CALL_CLOSE = "</tool_call>"

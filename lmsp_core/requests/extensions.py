@@ -12,8 +12,8 @@ import msgspec
 from msgspec import Meta
 
 from lmsp_core import wire
-from lmsp_core.catalog import ModelSpec
-from lmsp_core.errors import InvalidRequest
+from lmsp_core.requests.catalog import ModelSpec
+from lmsp_core.wire.errors import InvalidRequest
 
 SEED = "x-seed"
 TOP_P = "x-top_p"

@@ -129,7 +129,7 @@ class NamedToolChoice(_In, tag="function", frozen=True):
 
 ToolChoice = Literal["auto", "none", "required"] | NamedToolChoice
 
-# extension names and values are checked by lmsp_core.extensions; the names' size bounds the
+# extension names and values are checked by lmsp_core.requests.extensions; the names' size bounds the
 # LMSP-Ignored-Extensions header that reports unknown ones
 ExtensionName = Annotated[str, Meta(min_length=1, max_length=128)]
 ExtensionMap = Annotated[dict[ExtensionName, Any], Meta(max_length=64)]

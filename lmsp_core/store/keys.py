@@ -37,7 +37,7 @@ def response(response_id: str) -> str:
 
 
 def script_keys(task_id: str) -> list[str]:
-    """The keys the task scripts (``lmsp_core.scripts``) take, in their order."""
+    """The keys the task scripts (``lmsp_core.store.scripts``) take, in their order."""
     return [task(task_id), events(task_id), token_ids(task_id), stored(task_id)]
 
 
@@ -67,7 +67,7 @@ def wake_channel(model_id: str) -> str:
 
 def replication_mark() -> str:
     """Pub/sub channel that nobody reads: an empty message published before WAIT, so that the WAIT
-    covers every write made before it (see ``lmsp_core.connections.replicated``)."""
+    covers every write made before it (see ``lmsp_core.store.connections.replicated``)."""
     return f"{PREFIX}:replicated"
 
 
@@ -88,7 +88,7 @@ def workers() -> str:
 
 def metrics() -> str:
     """Hash: service-wide counters and histogram buckets that workers and API processes add to
-    (see ``lmsp_core.metrics``); the API exports them at ``/metrics``."""
+    (see ``lmsp_core.store.metrics``); the API exports them at ``/metrics``."""
     return f"{PREFIX}:metrics"
 
 

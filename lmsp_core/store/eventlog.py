@@ -15,7 +15,8 @@ from collections.abc import Sequence
 import msgspec
 from redis.asyncio import Redis
 
-from lmsp_core import keys, wire
+from lmsp_core import wire
+from lmsp_core.store import keys
 
 READ_CHUNK = 512
 # the sequence part of a stream entry id is an unsigned 64-bit integer: no event number, so no

@@ -10,7 +10,7 @@ and ``taskindex.ActiveIndex`` (INDEX_ADD, INDEX_TAKE). Nothing else calls them.
 """
 
 from lmsp_core import wire
-from lmsp_core.eventlog import CODES
+from lmsp_core.store.eventlog import CODES
 
 _NOW_MS = """
 local t = redis.call('TIME')

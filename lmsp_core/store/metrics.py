@@ -23,7 +23,7 @@ import msgspec
 from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
 
-from lmsp_core import keys
+from lmsp_core.store import keys
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 
 from lmsp_core import wire
-from lmsp_core.grammars import CALL_CLOSE, CALL_OPEN
+from lmsp_core.requests.grammars import CALL_CLOSE, CALL_OPEN
 
 
 class ModelCard(msgspec.Struct, frozen=True, kw_only=True):

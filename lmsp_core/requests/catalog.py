@@ -12,9 +12,9 @@ from typing import Annotated, Literal
 import msgspec
 from msgspec import Meta
 
-from lmsp_core.errors import NotFound
 from lmsp_core.settings import Settings
 from lmsp_core.wire import Capability
+from lmsp_core.wire.errors import NotFound
 
 ALL_CAPABILITIES: tuple[Capability, ...] = ("streaming", "tools", "structured_output", "conversations")
 

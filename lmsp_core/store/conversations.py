@@ -12,10 +12,11 @@ from collections.abc import Sequence
 import msgspec
 from redis.asyncio import Redis
 
-from lmsp_core import keys, wire
-from lmsp_core.errors import InvalidRequest, NotFound
+from lmsp_core import wire
 from lmsp_core.settings import Settings
-from lmsp_core.tasks import TaskRecord
+from lmsp_core.store import keys
+from lmsp_core.store.tasks import TaskRecord
+from lmsp_core.wire.errors import InvalidRequest, NotFound
 
 MAX_TURNS = 1000
 

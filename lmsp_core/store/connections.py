@@ -28,8 +28,8 @@ from redis.asyncio.connection import SSLConnection, parse_url
 from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 from redis.exceptions import RedisError
 
-from lmsp_core import keys
 from lmsp_core.settings import Settings
+from lmsp_core.store import keys
 
 # a sentinel that does not answer within this is skipped (the next one is asked)
 SENTINEL_TIMEOUT = 1.0

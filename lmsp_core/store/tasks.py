@@ -16,9 +16,11 @@ from typing import Any, ClassVar, Literal
 import msgspec
 from redis.asyncio import Redis
 
-from lmsp_core import eventlog, ids, keys, metrics, queue, scripts, wire
+from lmsp_core import wire
 from lmsp_core.settings import Settings
-from lmsp_core.taskindex import ActiveIndex
+from lmsp_core.store import eventlog, keys, metrics, queue, scripts
+from lmsp_core.store.taskindex import ActiveIndex
+from lmsp_core.wire import ids
 
 Kind = Literal["task", "direct"]
 

@@ -60,7 +60,7 @@ class GrammarConstraint:
         return bool(self._plan) and len(self._plan or ()) >= self._left()
 
     def allow(self, bitmask: torch.Tensor) -> None:
-        if self._plan and len(self._plan) >= self._left():
+        if self._plan and self.closing:
             allow_only(bitmask, self._plan[0])
             return
         bitmask[self._words:].zero_()  # the model's rows beyond the tokenizer's vocabulary

@@ -75,7 +75,7 @@ def card_from_files(spec: ModelSpec, cache_dir: Path) -> ModelCard | None:
                 found.model_eos = []
         else:
             return None
-    except (OSError, ValueError, KeyError) as exc:
+    except Exception as exc:  # an unreadable file (tokenizers raises plain Exceptions): the worker checks then
         logger.warning("model %s: no tokenizer from files (%s)", spec.id, exc)
         return None
     return None if found is None else _card(spec, found)

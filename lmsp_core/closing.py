@@ -9,8 +9,9 @@ is smaller than the plan from the start. Both find plans with this module, so th
 A plan is found greedily with the grammar's own matcher as the judge: the bytes the grammar forces
 (property names, enum values, ``</tool_call>``), and where it leaves a choice, the first byte it
 allows in ``PREFERENCE`` (what closes a string, an array or an object; the comma before a required
-property; the smallest values). Where the grammar may end, the plan ends with end-of-sequence.
-A plan is usually, not always, the shortest completion; it is always a valid one.
+property; the smallest values), until the grammar may end there. A plan is usually, not always,
+the shortest completion; it is always a valid one. Where the grammar may end already (free text,
+after a call) the plan is empty: ending there is complete.
 """
 
 from collections.abc import Iterable, Sequence
@@ -51,15 +52,13 @@ class GrammarTokenizer:
         return ids[0] if len(ids) == 1 and self.ll.decode_bytes(ids) == bytes([byte]) else None
 
     def plan(self, matcher: llguidance.LLMatcher, closers: Iterable[Sequence[int]] = ()) -> list[int] | None:
-        """Tokens that complete the grammar from ``matcher``'s state, which is left as it was; None if
-        none was found within ``MAX_PLAN`` tokens. ``closers`` are token sequences tried first, as
+        """Tokens after which the grammar may end, from ``matcher``'s state (left as it was); None if
+        none were found within ``MAX_PLAN`` tokens. ``closers`` are token sequences tried first, as
         wholes (the end of a reasoning section: its free text would otherwise never end)."""
         walk = _Walk(matcher)
         try:
-            if matcher.is_stopped():
+            if matcher.is_stopped() or matcher.is_accepting():
                 return []
-            if matcher.is_accepting():
-                return [self.eos]
             lead = next((list(closer) for closer in closers if walk.take(closer)), [])
             start = walk.taken
             tail = self._greedy(walk)
@@ -73,7 +72,7 @@ class GrammarTokenizer:
     def closes(self, matcher: llguidance.LLMatcher, plan: Sequence[int]) -> bool:
         """Whether ``plan`` completes the grammar from ``matcher``'s state (left as it was)."""
         consumed = matcher.try_consume_tokens(list(plan)) if plan else 0
-        done = consumed == len(plan) and matcher.is_stopped()
+        done = consumed == len(plan) and (matcher.is_stopped() or matcher.is_accepting())
         if consumed:
             matcher.rollback(consumed)
         return done
@@ -83,7 +82,7 @@ class GrammarTokenizer:
         tokens: list[int] = []
         last, run = -1, 0
         while len(tokens) < MAX_PLAN:
-            if matcher.is_stopped():
+            if matcher.is_stopped() or matcher.is_accepting():
                 return tokens
             forced = matcher.compute_ff_bytes()
             if forced:
@@ -92,8 +91,6 @@ class GrammarTokenizer:
                     return None
                 tokens += ids
                 continue
-            if matcher.is_accepting():
-                return [*tokens, self.eos] if walk.take([self.eos]) else None
             for byte, token in self._bytes:
                 if (run < MAX_REPEATS or byte != last) and walk.take([token]):
                     run, last = (run + 1 if byte == last else 1), byte
@@ -105,9 +102,7 @@ class GrammarTokenizer:
 
     def _compact(self, walk: "_Walk", tail: list[int]) -> list[int]:
         """The plan's bytes in the tokenizer's own (usually fewer) tokens, where the grammar takes them."""
-        ends = bool(tail) and tail[-1] == self.eos
-        body = tail[:-1] if ends else tail
-        merged = self.ll.tokenize_bytes(self.ll.decode_bytes(body)) + ([self.eos] if ends else [])
+        merged = self.ll.tokenize_bytes(self.ll.decode_bytes(tail))
         if len(merged) < len(tail) and self.closes(walk.matcher, merged):
             return merged
         return tail

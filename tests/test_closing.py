@@ -115,7 +115,7 @@ def test_the_plan_from_the_start_is_a_valid_output(case: str, req: wire.Response
     plan = tokenizer().plan(matcher)
     assert plan is not None and len(plan) == output_tokens_needed(tokenizer(), grammar)
     assert tokenizer().plan(matcher) == plan  # the matcher is left as it was, and the plan is deterministic
-    assert matcher.consume_tokens(plan) and matcher.is_stopped()
+    assert matcher.consume_tokens(plan) and matcher.is_stopped()  # a call or an object ends the grammar
     checked(req, completed(plan))
 
 
@@ -150,6 +150,22 @@ def test_a_resumed_constraint_keeps_the_plans_of_the_first_run() -> None:
             follow = tokens[cut] if forced[cut] else None
             if follow is not None:  # forcing: the same token is the only one allowed
                 assert allowed(resumed) == [follow]
+
+
+def test_free_text_is_not_ended_early_and_a_call_too_long_for_the_budget_is_not_begun() -> None:
+    text = GrammarConstraint(tokenizer(), grammar_of(request(tools=TOOLS, tool_choice="none")), budget=2)
+    assert text.needed == 0
+    text.accept(tokenizer().ll.tokenize_str("Hello")[0])
+    assert not text.closing and len(allowed(text)) > 1000  # the last token is the model's choice
+    auto = GrammarConstraint(tokenizer(), grammar_of(request(tools=TOOLS)), budget=8)
+    assert auto.needed == 0
+    taken = []
+    for token in tokenizer().ll.tokenize_str('<tool_call>{"name": "add"'):
+        taken.append(auto.accept(token))
+        if auto.done():
+            break
+    assert taken[-1] == tokenizer().eos and len(taken) < 8  # the output ends, as text, instead
+    assert completed(taken).startswith("<tool_call") and not completed(taken).startswith(grammars.CALL_OPEN)
 
 
 def test_a_grammar_without_a_budget_is_never_forced() -> None:

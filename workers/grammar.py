@@ -67,8 +67,11 @@ class GrammarConstraint:
         self._matcher.unsafe_compute_mask_ptr(bitmask.data_ptr(), self._words * 4)
 
     def accept(self, token: int) -> int:
-        if self._plan and token != self._plan[0] and not self._fits(token):
-            token = self._plan[0]  # the model's choice leaves too little room to complete: the plan's instead
+        plan = self._plan
+        if plan is not None and (not plan or token != plan[0]) and not self._fits(token):
+            # the model's choice leaves too little room to complete: the plan's next token instead, or
+            # the end where the output may end here already
+            token = plan[0] if plan else self._tokenizer.eos
         if not self._advance(token):
             logger.error("a token the grammar did not allow was generated: %s", self._matcher.get_error())
         return token

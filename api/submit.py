@@ -12,13 +12,15 @@ import time
 from typing import NamedTuple
 
 from redis.exceptions import RedisError
+from tokenizers import Tokenizer
 
 from api import idempotency
 from api.services import Services
 from lmsp_core import wire
-from lmsp_core.requests import extensions
+from lmsp_core.requests import extensions, grammars
 from lmsp_core.requests.catalog import ModelSpec
-from lmsp_core.requests.validation import check_limits, check_request, output_budget
+from lmsp_core.requests.closing import GrammarTokenizer, output_tokens_needed, reasoning_closing_ids
+from lmsp_core.requests.validation import check_limits, check_output_room, check_request, output_budget
 from lmsp_core.store import connections, conversations, metrics, queue, registry
 from lmsp_core.store.conversations import StoredResponse
 from lmsp_core.store.tasks import Kind, TaskRecord
@@ -92,6 +94,7 @@ async def _admit(services: Services, request: wire.ResponseRequest, spec: ModelS
                  items: list[wire.InputItem] | None) -> None:
     check_limits(request, services.settings)
     check_request(request, spec, items)
+    await _check_lengths(services, request, spec, items)  # a request that can never run: 400 before any 503
     if kind == "direct" and not (await registry.workers_per_model(services.redis))[spec.id]:
         raise ServiceUnavailable(f"No worker is running model {spec.id!r} right now; retry later, or create "
                                  "a task, which waits in the queue for a worker.", code="model_unavailable",
@@ -100,10 +103,32 @@ async def _admit(services: Services, request: wire.ResponseRequest, spec: ModelS
     if limit and await queue.depth(services.redis, spec.id) >= limit:
         raise ServiceUnavailable(f"The queue of model {spec.id!r} is full ({limit} tasks); retry later.",
                                  code="server_busy", retry_after=BUSY_RETRY_AFTER)
-    renderer = await services.renderer(spec.id)
-    if renderer is not None:  # else the worker checks the context length when it starts the task
-        prompt = await asyncio.to_thread(renderer.prompt_ids, request, items)
-        output_budget(request, spec, len(prompt))
+
+
+async def _check_lengths(services: Services, request: wire.ResponseRequest, spec: ModelSpec,
+                         items: list[wire.InputItem] | None) -> None:
+    """The prompt fits the context window, and the shortest complete output of a grammar (a forced
+    call, json_schema) fits the output budget: counted with the model's tokenizer, which the API
+    has with or without a worker (``api.tokenizing``)."""
+    text = await services.model_text(spec.id)
+    if text is None:  # no card and no files: the worker checks the lengths when it starts the task
+        return
+    prompt = await asyncio.to_thread(text.renderer.prompt_ids, request, items)
+    budget = output_budget(request, spec, len(prompt))
+    if request.tools or request.response_format is not None:
+        tokenizer = await text.grammar()
+        needed = await asyncio.to_thread(_needed, request, spec, text.renderer.tokenizer, tokenizer)
+        check_output_room(request, spec, budget, needed)
+
+
+def _needed(request: wire.ResponseRequest, spec: ModelSpec, text_tokenizer: Tokenizer,
+            tokenizer: GrammarTokenizer) -> int | None:
+    """Tokens of the shortest output that completes the request's grammar (None: no grammar, or no minimum)."""
+    grammar = grammars.generation_grammar(request, reasoning=spec.reasoning)
+    if grammar is None:
+        return None
+    closers = [reasoning_closing_ids(text_tokenizer, spec.reasoning)] if spec.reasoning else []
+    return output_tokens_needed(tokenizer, grammar, closers)
 
 
 async def _earlier(services: Services, task_id: str) -> TaskRecord:

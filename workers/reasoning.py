@@ -15,7 +15,9 @@ import torch
 from tokenizers import Tokenizer
 
 from lmsp_core.requests.catalog import ReasoningFormat
-from workers.sampling import LogitsConstraint, allow_only
+from lmsp_core.requests.closing import reasoning_closing_ids
+from workers.grammar import GrammarConstraint
+from workers.sampling import allow_only
 from workers.textstream import TextStream
 
 WHITESPACE = " \t\r\n"  # what may surround the markers (the grammars' whitespace)
@@ -116,7 +118,7 @@ def partial_suffix(text: str, markers: Sequence[str]) -> int:
 def closing_tokens(tokenizer: Tokenizer, reasoning: ReasoningFormat) -> list[int]:
     """The tokens that close a section (``closing_text``); checks that they decode as text (a
     marker that is a special token would be invisible to the parser)."""
-    ids: list[int] = tokenizer.encode(reasoning.closing_text, add_special_tokens=False).ids
+    ids = reasoning_closing_ids(tokenizer, reasoning)
     if reasoning.end not in tokenizer.decode(ids, skip_special_tokens=True):
         raise ValueError(f"the reasoning end marker {reasoning.end!r} does not decode as text with this tokenizer")
     return ids
@@ -127,10 +129,12 @@ class ReasoningConstraint:
 
     It decodes the tokens itself (on the engine's thread) to know whether the section is open.
     After ``budget`` generated tokens with the section open, the next tokens are forced to the
-    closing marker; the grammar (which covers the section too) sees every token."""
+    closing marker; the grammar (which covers the section too) sees every token. A grammar that
+    must complete within the token budget comes first: its plan closes the section with the same
+    tokens (``closing`` is one of its closers), then completes the answer."""
 
     def __init__(self, tokenizer: Tokenizer, reasoning: ReasoningFormat, budget: int | None, closing: Sequence[int],
-                 grammar: LogitsConstraint | None = None, generated: Sequence[int] = ()) -> None:
+                 grammar: GrammarConstraint | None = None, generated: Sequence[int] = ()) -> None:
         self._text = TextStream(tokenizer)
         self._parser = ReasoningParser(reasoning)
         self._budget = budget
@@ -149,25 +153,28 @@ class ReasoningConstraint:
         return bool(self._forced)
 
     def allow(self, bitmask: torch.Tensor) -> None:
-        if self._forced:
+        if self._forced and not (self._grammar is not None and self._grammar.closing):
             allow_only(bitmask, self._forced[0])
         elif self._grammar is not None:
             self._grammar.allow(bitmask)
         else:
             bitmask.fill_(-1)
 
-    def accept(self, token: int) -> None:
+    def accept(self, token: int) -> int:
         if self._grammar is not None:
-            self._grammar.accept(token)
+            token = self._grammar.accept(token)
         self._advance(token)
         self._check_budget()
+        return token
 
     def done(self) -> bool:
         return self._grammar is not None and self._grammar.done()
 
     def _advance(self, token: int) -> None:
-        if self._forced:
+        if self._forced and self._forced[0] == token:
             self._forced.popleft()
+        else:  # the grammar's plan took another way (it closes the section itself)
+            self._forced.clear()
         self._count += 1
         self._parser.feed(self._text.push(token))
 

@@ -22,8 +22,9 @@ class LogitsConstraint(Protocol):
     def allow(self, bitmask: Tensor) -> None:
         """Write the tokens allowed next into ``bitmask`` (one row of int32 words, on the host)."""
 
-    def accept(self, token: int) -> None:
-        """Advance past a generated token."""
+    def accept(self, token: int) -> int:
+        """Advance past a generated token; returns the token the sequence takes: ``token``, or one the
+        constraint puts in its place (a grammar that must complete within the budget)."""
 
     def done(self) -> bool:
         """Whether the constraint is complete and generation must stop."""
@@ -100,7 +101,7 @@ class TokenChooser:
         for row in constrained:
             constraint = samplers[row].constraint
             assert constraint is not None
-            constraint.accept(chosen[row])
+            chosen[row] = constraint.accept(chosen[row])
         return chosen
 
     def _mask(self, logits: Tensor, rows: list[int], samplers: list[RowSampler]) -> None:

@@ -15,7 +15,6 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-import llguidance
 import msgspec
 from redis.asyncio import Redis
 
@@ -23,7 +22,8 @@ from lmsp_core import wire
 from lmsp_core.requests import extensions, grammars
 from lmsp_core.requests.catalog import ModelSpec
 from lmsp_core.requests.chat import PromptRenderer
-from lmsp_core.requests.validation import check_request, output_budget
+from lmsp_core.requests.closing import GrammarTokenizer
+from lmsp_core.requests.validation import check_output_room, check_request, output_budget
 from lmsp_core.settings import Settings
 from lmsp_core.store import eventlog, eventstore, metrics
 from lmsp_core.store.delivered import DeliveredOutput
@@ -49,7 +49,7 @@ class ModelRuntime:
     spec: ModelSpec
     engine: Engine
     renderer: PromptRenderer
-    grammar_tokenizer: llguidance.LLTokenizer
+    grammar_tokenizer: GrammarTokenizer
 
 
 @dataclass
@@ -179,8 +179,8 @@ class TaskRun:
         self._pipeline = OutputPipeline(self.runtime.renderer.tokenizer, assembler, spec.reasoning, self._ext.stop)
         prompt = self.runtime.renderer.prompt_ids(self.request, items)
         budget = output_budget(self.request, spec, len(prompt))
-        return prompt, budget, self._constraint(grammars.generation_grammar(self.request, reasoning=spec.reasoning),
-                                                history.tokens)
+        grammar = grammars.generation_grammar(self.request, reasoning=spec.reasoning)
+        return prompt, budget, self._constraint(grammar, budget, history.tokens)
 
     def _start(self, prompt: list[int], budget: int, constraint: LogitsConstraint | None, history: History) -> None:
         pipeline = self._output_path()
@@ -199,24 +199,27 @@ class TaskRun:
         if pipeline.stopped:  # the stored tokens already end with a stop string
             self.runtime.engine.stop(self.sequence, Finish.STOP)
 
-    def _constraint(self, grammar: str | None, generated: tuple[int, ...]) -> LogitsConstraint | None:
-        """The output grammar and, for a reasoning model, the reasoning budget."""
-        constraint: LogitsConstraint | None = None
-        if grammar is not None:
-            try:
-                constraint = GrammarConstraint(self.runtime.grammar_tokenizer, grammar, generated)
-            except ValueError as exc:
-                raise GenerationFailed(f"The output grammar could not be applied: {exc}") from exc
+    def _constraint(self, grammar: str | None, budget: int, generated: tuple[int, ...]) -> LogitsConstraint | None:
+        """The output grammar (completed within ``budget``) and, for a reasoning model, the reasoning budget."""
         reasoning = self.runtime.spec.reasoning
-        if reasoning is None:
-            return constraint
         tokenizer = self.runtime.renderer.tokenizer
-        budget = self._ext.reasoning_budget if self._ext.reasoning_budget is not None else reasoning.budget
         try:
-            closing = closing_tokens(tokenizer, reasoning)
+            closing = closing_tokens(tokenizer, reasoning) if reasoning is not None else []
         except ValueError as exc:
             raise GenerationFailed(f"The reasoning section cannot be closed: {exc}") from exc
-        return ReasoningConstraint(tokenizer, reasoning, budget, closing, constraint, generated)
+        constraint: GrammarConstraint | None = None
+        if grammar is not None:
+            try:
+                constraint = GrammarConstraint(self.runtime.grammar_tokenizer, grammar, generated, budget=budget,
+                                               closers=[closing] if closing else [])
+            except ValueError as exc:
+                raise GenerationFailed(f"The output grammar could not be applied: {exc}") from exc
+            if not generated:  # a queued request may meet a worker whose model leaves it less room
+                check_output_room(self.request, self.runtime.spec, budget, constraint.needed)
+        if reasoning is None:
+            return constraint
+        reasoning_budget = self._ext.reasoning_budget if self._ext.reasoning_budget is not None else reasoning.budget
+        return ReasoningConstraint(tokenizer, reasoning, reasoning_budget, closing, constraint, generated)
 
     def _output_path(self) -> OutputPipeline:
         assert self._pipeline is not None, "the request has not been prepared"

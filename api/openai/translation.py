@@ -24,6 +24,7 @@ DEFAULT_TIERS = (None, "auto", "default")
 
 # the parameter behind each code of the shared checks, per endpoint (errors.with_param)
 _SHARED_PARAMS = {"model_not_found": "model", "max_output_tokens_too_large": "max_output_tokens",
+                  "max_output_tokens_too_small": "max_output_tokens",
                   "too_many_tools": "tools", "duplicate_tool_name": "tools", "invalid_tool_schema": "tools",
                   "unknown_tool": "tool_choice", "invalid_tool_choice": "tool_choice"}
 RESPONSES_PARAMS = {**_SHARED_PARAMS, "context_length_exceeded": "input", "too_many_input_items": "input",
@@ -32,7 +33,8 @@ RESPONSES_PARAMS = {**_SHARED_PARAMS, "context_length_exceeded": "input", "too_m
                     "previous_response_id", "conversation_too_long": "previous_response_id"}
 CHAT_PARAMS = {**_SHARED_PARAMS, "context_length_exceeded": "messages", "too_many_input_items": "messages",
                "input_too_long": "messages", "unmatched_call_id": "messages",
-               "invalid_json_schema": "response_format", "max_output_tokens_too_large": "max_completion_tokens"}
+               "invalid_json_schema": "response_format", "max_output_tokens_too_large": "max_completion_tokens",
+               "max_output_tokens_too_small": "max_completion_tokens"}
 
 
 # --- POST /v1/responses ------------------------------------------------------------------------------

@@ -163,3 +163,19 @@ def output_budget(request: wire.ResponseRequest, spec: ModelSpec, prompt_tokens:
             f"The prompt has {prompt_tokens} tokens; the context window of model {spec.id!r} is "
             f"{spec.context_window} tokens, which leaves no room for output.")
     return wanted if wanted is not None else min(spec.max_output_tokens, room)
+
+
+def check_output_room(request: wire.ResponseRequest, spec: ModelSpec, budget: int, needed: int | None) -> None:
+    """Raise if the request's grammar (a forced tool call, json_schema output) cannot be completed in
+    ``budget`` tokens: ``needed`` is its shortest output (``lmsp_core.requests.closing``; None: no minimum)."""
+    if needed is None or needed <= budget:
+        return
+    calls = request.tool_choice == "required" or isinstance(request.tool_choice, wire.NamedToolChoice)
+    what = "its tool call" if calls else "its json_schema object"
+    if request.max_output_tokens is None and budget < spec.max_output_tokens:
+        raise ContextLengthExceeded(
+            f"The prompt leaves room for {budget} output tokens in the context window of model {spec.id!r}; "
+            f"the shortest complete output ({what}) takes {needed}.")
+    raise InvalidRequest(
+        f"max_output_tokens is {budget}; the shortest complete output of this request ({what}) takes "
+        f"{needed} tokens with model {spec.id!r}.", code="max_output_tokens_too_small")

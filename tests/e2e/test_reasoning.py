@@ -135,6 +135,22 @@ async def test_structured_output_after_reasoning(client: httpx.AsyncClient) -> N
     jsonschema.validate(json.loads(answer), schema)
 
 
+async def test_a_small_budget_closes_the_section_in_time_for_the_answer(client: httpx.AsyncClient) -> None:
+    """With less room than the reasoning budget needs, the section closes early and the JSON completes."""
+    schema = {"type": "object", "properties": {"note": {"type": "string"}}, "required": ["note"]}
+    request = body(MODEL, response_format={"type": "json_schema", "json_schema": {"name": "n", "schema": schema}})
+    refused = assert_problem(await client.post("/lmsp/v1/responses", json=request | {"max_output_tokens": 1}),
+                             400, "max_output_tokens_too_small")
+    smallest = int(refused["detail"].rsplit("takes ", 1)[1].split(" ")[0])
+    for budget in (smallest, REASONING_BUDGET):
+        response = await client.post("/lmsp/v1/responses", json=request | {"max_output_tokens": budget})
+        data = response.json()
+        assert data["status"] == "completed", (budget, data)
+        assert [item["type"] for item in data["output"]] == ["reasoning", "message"]
+        assert (data["output"][0]["summary"] == []) == (budget == smallest)  # no room to reason at all
+        jsonschema.validate(json.loads(data["output"][1]["content"][0]["text"]), schema)
+
+
 async def test_tool_call_after_reasoning(client: httpx.AsyncClient) -> None:
     tool = {"type": "function", "name": "get_weather", "description": "Weather of a city.",
             "parameters": {"type": "object", "properties": {"city": {"enum": ["Paris", "Lima"]}},

@@ -219,3 +219,68 @@ async def test_models_report_tools_and_structured_output(client: httpx.AsyncClie
     for model_id in ("tiny-random", "smollm2:135m-instruct"):
         assert {"tools", "structured_output"} <= set(models[model_id]["capabilities"])
     assert "tools" not in models["tiny-unserved"]["capabilities"]
+
+
+# a free string argument: random weights write strings that never end unless the budget closes them
+STRING_TOOL: dict[str, Any] = {
+    "type": "function", "name": "get_weather", "description": "Get the weather at a place.",
+    "parameters": {"type": "object", "properties": {"location": {"type": "string"}, "unit": {"enum": ["c", "f"]}},
+                   "required": ["location"]}}
+STRING_SCHEMA: dict[str, Any] = {
+    "type": "object", "required": ["title", "tags"],
+    "properties": {"title": {"type": "string"}, "tags": {"type": "array", "items": {"type": "string"}}}}
+BUDGET_CASES: list[tuple[str, dict[str, Any]]] = [
+    ("forced call", {"tools": [STRING_TOOL], "tool_choice": "required"}),
+    ("named call", {"tools": [STRING_TOOL, *TOOLS[1:]], "tool_choice": {"type": "function", "name": "get_weather"}}),
+    ("json_schema", {"response_format": {"type": "json_schema",
+                                         "json_schema": {"name": "t", "schema": STRING_SCHEMA}}}),
+]
+
+
+def smallest_budget(problem: dict[str, Any]) -> int:
+    """The token count a max_output_tokens_too_small problem names as the shortest complete output."""
+    return int(problem["detail"].rsplit("takes ", 1)[1].split(" ")[0])
+
+
+@pytest.mark.parametrize(("case", "fields"), BUDGET_CASES, ids=[case for case, _ in BUDGET_CASES])
+async def test_output_completes_within_its_budget(client: httpx.AsyncClient, case: str,
+                                                  fields: dict[str, Any]) -> None:
+    request = body(text="Where is it raining?", **fields)
+    refused = assert_problem(await client.post("/lmsp/v1/responses", json=request | {"max_output_tokens": 1}), 400,
+                             "max_output_tokens_too_small")
+    smallest = smallest_budget(refused)
+    assert 1 < smallest <= 24
+    tasks = await client.post("/lmsp/v1/tasks", json=request | {"max_output_tokens": smallest - 1})
+    assert smallest_budget(assert_problem(tasks, 400, "max_output_tokens_too_small")) == smallest
+    for i, budget in enumerate(sorted({smallest, smallest + 1, 16, 24, 64})):
+        if budget < smallest:
+            too_small = await client.post("/lmsp/v1/responses", json=request | {"max_output_tokens": budget})
+            assert_problem(too_small, 400, "max_output_tokens_too_small")
+            continue
+        sampled = {"temperature": 1.0, "extensions": {"x-seed": i}} if i % 2 else {}
+        response = await client.post("/lmsp/v1/responses", json=request | {"max_output_tokens": budget} | sampled)
+        assert response.status_code == 200, response.text
+        data = response.json()
+        assert data["status"] == "completed", (budget, data)
+        assert data["usage"]["output_tokens"] <= budget
+        if "tools" in fields:
+            [call] = data["output"]
+            assert call["type"] == "function_call" and call["name"] == "get_weather"
+            jsonschema.validate(json.loads(call["arguments"]), STRING_TOOL["parameters"])
+        else:
+            [message] = data["output"]
+            jsonschema.validate(json.loads(message["content"][0]["text"]), STRING_SCHEMA)
+
+
+async def test_a_prompt_too_long_is_refused_without_a_worker(client: httpx.AsyncClient) -> None:
+    # tiny-unserved never has a worker, so no card is published: the API reads its tokenizer from files
+    request = body(model="tiny-unserved", text="word " * 2100)
+    for route in ("/lmsp/v1/tasks", "/lmsp/v1/responses"):
+        problem = assert_problem(await client.post(route, json=request), 400, "context_length_exceeded")
+        assert "2048" in problem["detail"]
+    # about 1,100 prompt tokens: room for 500 output tokens, not for 1,000
+    shorter = body(model="tiny-unserved", text="word " * 1100, max_output_tokens=1000)
+    assert_problem(await client.post("/lmsp/v1/tasks", json=shorter), 400, "context_length_exceeded")
+    queued = await client.post("/lmsp/v1/tasks", json=shorter | {"max_output_tokens": 500})
+    assert queued.status_code == 202
+    assert (await client.post(f"/lmsp/v1/tasks/{queued.json()['id']}/cancel")).status_code == 200

@@ -18,6 +18,7 @@ from lmsp_core import wire
 from lmsp_core.requests import grammars
 from lmsp_core.requests.catalog import SMOLLM2, ReasoningFormat
 from lmsp_core.requests.chat import ModelCard, PromptRenderer, to_messages
+from lmsp_core.requests.closing import GrammarTokenizer
 from lmsp_core.settings import load_settings
 from tests.conftest import REASONING_TEMPLATE
 from workers import loader
@@ -198,7 +199,8 @@ def test_grammar_applies_after_the_section() -> None:
     closing = closing_tokens(tokenizer(), TEMPLATE)
     grammar = grammars.generation_grammar(request, reasoning=TEMPLATE)
     assert grammar is not None
-    constraint = ReasoningConstraint(tokenizer(), TEMPLATE, 2, closing, GrammarConstraint(lltokenizer, grammar))
+    grammar_constraint = GrammarConstraint(GrammarTokenizer(lltokenizer), grammar)
+    constraint = ReasoningConstraint(tokenizer(), TEMPLATE, 2, closing, grammar_constraint)
     for token in [*encode(" a b")[:2], *closing]:
         constraint.accept(token)
     allowed = {tokenizer().decode([t]) for t in allowed_tokens(constraint)}

@@ -28,8 +28,8 @@ from lmsp_core.requests.chat import PromptRenderer
 from lmsp_core.requests.closing import GrammarTokenizer
 from lmsp_core.settings import load_settings
 from workers import loader
+from workers.constraints import GrammarConstraint, tokenizer_for
 from workers.engine import Engine, Generation
-from workers.grammar import GrammarConstraint, tokenizer_for
 from workers.sampling import RowSampler, SamplingParams
 
 # strings longer than any budget here: no sequence can end (close its JSON) before its budget

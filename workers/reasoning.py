@@ -16,7 +16,7 @@ from tokenizers import Tokenizer
 
 from lmsp_core.requests.catalog import ReasoningFormat
 from lmsp_core.requests.closing import reasoning_closing_ids
-from workers.grammar import GrammarConstraint
+from workers.constraints import GrammarConstraint
 from workers.sampling import allow_only
 from workers.textstream import TextStream
 

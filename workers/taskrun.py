@@ -30,8 +30,8 @@ from lmsp_core.store.delivered import DeliveredOutput
 from lmsp_core.store.eventstore import Final
 from lmsp_core.store.tasks import TaskRecord
 from lmsp_core.wire.errors import GenerationFailed, LmspError
+from workers.constraints import GrammarConstraint
 from workers.engine import Engine, Finish, Generation
-from workers.grammar import GrammarConstraint
 from workers.output import Mode, OutEvent, OutputAssembler
 from workers.pipeline import OutputPipeline
 from workers.reasoning import ReasoningConstraint, closing_tokens

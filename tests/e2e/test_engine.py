@@ -137,7 +137,7 @@ async def test_grammar_constrained_and_free_sequences_share_a_batch(tiny: loader
     from lmsp_core import wire
     from lmsp_core.requests import grammars
     from lmsp_core.requests.chat import PromptRenderer
-    from workers.grammar import GrammarConstraint, tokenizer_for
+    from workers.constraints import GrammarConstraint, tokenizer_for
 
     schema = {"type": "object", "properties": {"size": {"enum": ["small", "large"]}, "count": {"type": "integer"}},
               "required": ["size"], "additionalProperties": False}

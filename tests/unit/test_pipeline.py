@@ -22,7 +22,7 @@ from lmsp_core.requests.closing import GrammarTokenizer
 from lmsp_core.settings import load_settings
 from tests.conftest import REASONING_TEMPLATE
 from workers import loader
-from workers.grammar import GrammarConstraint
+from workers.constraints import GrammarConstraint
 from workers.output import OutputAssembler
 from workers.pipeline import OutputPipeline
 from workers.reasoning import ReasoningConstraint, ReasoningParser, Segment, closing_tokens

@@ -1,4 +1,4 @@
-"""Constrained output that completes within its token budget (lmsp_core.requests.closing, workers.grammar), and
+"""Constrained output that completes within its token budget (lmsp_core.requests.closing, workers.constraints), and
 the model cards the API reads from files (lmsp_core.requests.modelfiles).
 
 The constraint is driven here by a seeded random choice among the tokens its mask allows: a harsher
@@ -26,10 +26,10 @@ from lmsp_core.requests.chat import ModelCard
 from lmsp_core.requests.closing import GrammarTokenizer, output_tokens_needed
 from lmsp_core.settings import load_settings
 from tests.conftest import REASONING_TEMPLATE
+from tests.e2e.test_tools import PARAMETERS, SCHEMAS, TOOLS
 from tests.support import user_input
-from tests.test_tools import PARAMETERS, SCHEMAS, TOOLS
 from workers import loader
-from workers.grammar import GrammarConstraint
+from workers.constraints import GrammarConstraint
 from workers.reasoning import ReasoningConstraint, closing_tokens
 
 CACHE = Path(load_settings().model_cache)
@@ -228,7 +228,7 @@ def test_the_api_reads_cards_without_torch() -> None:
     import subprocess
     import sys
 
-    script = ("import sys; from pathlib import Path; import api.app; from lmsp_core import modelfiles; "
+    script = ("import sys; from pathlib import Path; import api.app; from lmsp_core.requests import modelfiles; "
               "from lmsp_core.requests.catalog import SMOLLM2; "
               "assert modelfiles.card_from_files(SMOLLM2, Path('/nonexistent')) is not None; "
               "assert 'torch' not in sys.modules and 'transformers' not in sys.modules")

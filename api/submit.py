@@ -19,6 +19,7 @@ from api.services import Services
 from lmsp_core import wire
 from lmsp_core.requests import extensions, grammars
 from lmsp_core.requests.catalog import ModelSpec
+from lmsp_core.requests.chat import card_digest
 from lmsp_core.requests.closing import GrammarTokenizer, output_tokens_needed, reasoning_closing_ids
 from lmsp_core.requests.validation import check_limits, check_output_room, check_request, output_budget
 from lmsp_core.store import connections, conversations, metrics, queue, registry
@@ -46,11 +47,13 @@ async def submit(services: Services, request: wire.ResponseRequest, *, kind: Kin
     spec = services.catalog.get(request.model)
     chain = await _conversation(services, request, spec, owner)
     items = conversations.context(chain, request.input) if chain else None
-    await _admit(services, request, spec, kind, items)
+    rendered = await _admit(services, request, spec, kind, items)
     record = TaskRecord(
         id=ids.new_id(ids.TASK), model=spec.id, owner=owner, kind=kind, status="queued",
         created_at=time.time(), response_id=ids.new_id(ids.RESPONSE), request=wire.encoder.encode(request),
         context=None if items is None else wire.encoder.encode(items),
+        prompt=None if rendered is None else TaskRecord.pack_prompt(rendered.token_ids),
+        prompt_card=None if rendered is None else rendered.card_digest,
     )
     await services.store.create(record)
     if idempotency_key:
@@ -90,11 +93,18 @@ async def _conversation(services: Services, request: wire.ResponseRequest, spec:
     return await services.conversations.chain(request.previous_response_id, owner)
 
 
+class Rendered(NamedTuple):
+    token_ids: list[int]
+    card_digest: str
+
+
 async def _admit(services: Services, request: wire.ResponseRequest, spec: ModelSpec, kind: Kind,
-                 items: list[wire.InputItem] | None) -> None:
+                 items: list[wire.InputItem] | None) -> Rendered | None:
+    """Every check of the request, done here once (the worker trusts a task's rendered prompt);
+    returns that prompt, or None where the API has no card of the model yet."""
     check_limits(request, services.settings)
     check_request(request, spec, items)
-    await _check_lengths(services, request, spec, items)  # a request that can never run: 400 before any 503
+    rendered = await _check_lengths(services, request, spec, items)  # can never run: 400 before any 503
     if kind == "direct" and not (await registry.workers_per_model(services.redis))[spec.id]:
         raise ServiceUnavailable(f"No worker is running model {spec.id!r} right now; retry later, or create "
                                  "a task, which waits in the queue for a worker.", code="model_unavailable",
@@ -103,22 +113,24 @@ async def _admit(services: Services, request: wire.ResponseRequest, spec: ModelS
     if limit and await queue.depth(services.redis, spec.id) >= limit:
         raise ServiceUnavailable(f"The queue of model {spec.id!r} is full ({limit} tasks); retry later.",
                                  code="server_busy", retry_after=BUSY_RETRY_AFTER)
+    return rendered
 
 
 async def _check_lengths(services: Services, request: wire.ResponseRequest, spec: ModelSpec,
-                         items: list[wire.InputItem] | None) -> None:
+                         items: list[wire.InputItem] | None) -> Rendered | None:
     """The prompt fits the context window, and the shortest complete output of a grammar (a forced
     call, json_schema) fits the output budget: counted with the model's tokenizer, which the API
-    has with or without a worker (``api.tokenizing``)."""
+    has with or without a worker (``api.tokenizing``). Returns the rendered prompt."""
     text = await services.model_text(spec.id)
     if text is None:  # no card and no files: the worker checks the lengths when it starts the task
-        return
+        return None
     prompt = await asyncio.to_thread(text.renderer.prompt_ids, request, items)
     budget = output_budget(request, spec, len(prompt))
     if request.tools or request.response_format is not None:
         tokenizer = await text.grammar()
         needed = await asyncio.to_thread(_needed, request, spec, text.renderer.tokenizer, tokenizer)
         check_output_room(request, spec, budget, needed)
+    return Rendered(prompt, card_digest(text.renderer.card))
 
 
 def _needed(request: wire.ResponseRequest, spec: ModelSpec, text_tokenizer: Tokenizer,

@@ -1,13 +1,15 @@
 """One claimed task on this worker: prompt in, LMSP events out.
 
-A run renders the prompt, hands a sequence to the model's engine and, as tokens arrive, appends
-the events of 6.3 through the writer: ``response.created``, the output items (messages with their
-text deltas, function calls) and one final event. A run that resumes a task another worker left
-behind replays the stored token checkpoint silently: the output pipeline (text decoding, the
-reasoning section, stop strings, output assembly) and the constraints (grammar, reasoning budget)
-are deterministic, so it reaches exactly the state whose events are stored (the tokens and
-the events they caused are written in one atomic append), then continues with the same item ids
-and the next event number.
+A run takes the prompt the API rendered and checked when it accepted the request (where the API had
+no card of the model, or another one than this worker's, the run renders and checks it itself),
+hands a generation to the model's engine and, as tokens arrive, appends the events of 6.3 through
+the writer (tokens in, events out: ``workers.pipeline``): ``response.created``, the output items
+(messages with their text deltas, function calls) and one final event. A run that resumes a task
+another worker left behind replays the stored token checkpoint silently: the output pipeline (text
+decoding, the reasoning section, stop strings, output assembly) and the constraints (grammar,
+reasoning budget) are deterministic, so it reaches exactly the state whose events are stored (the
+tokens and the events they caused are written in one atomic append), then continues with the same
+item ids and the next event number.
 """
 
 import asyncio
@@ -21,7 +23,7 @@ from redis.asyncio import Redis
 from lmsp_core import wire
 from lmsp_core.requests import extensions, grammars
 from lmsp_core.requests.catalog import ModelSpec
-from lmsp_core.requests.chat import PromptRenderer
+from lmsp_core.requests.chat import PromptRenderer, card_digest
 from lmsp_core.requests.closing import GrammarTokenizer
 from lmsp_core.requests.validation import check_output_room, check_request, output_budget
 from lmsp_core.settings import Settings
@@ -50,6 +52,10 @@ class ModelRuntime:
     engine: Engine
     renderer: PromptRenderer
     grammar_tokenizer: GrammarTokenizer
+    card_digest: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.card_digest = card_digest(self.renderer.card)  # what a task's rendered prompt names
 
 
 @dataclass
@@ -172,12 +178,14 @@ class TaskRun:
     def _prepare(self, history: History) -> tuple[list[int], int, LogitsConstraint | None]:
         """Prompt, token budget and constraint (compiling a grammar can take a while: off the event loop)."""
         spec = self.runtime.spec
-        items = self.record.input_items(self.request)
-        check_request(self.request, spec, items)
         self._ext = extensions.parse(self.request.extensions)
         assembler = OutputAssembler(self.record.response_id, output_mode(self.request), history.items)
         self._pipeline = OutputPipeline(self.runtime.renderer.tokenizer, assembler, spec.reasoning, self._ext.stop)
-        prompt = self.runtime.renderer.prompt_ids(self.request, items)
+        prompt = self.record.prompt_ids(self.runtime.card_digest)
+        if prompt is None:  # the API had no card of the model (or another one): the checks fall to us
+            items = self.record.input_items(self.request)
+            check_request(self.request, spec, items)
+            prompt = self.runtime.renderer.prompt_ids(self.request, items)
         budget = output_budget(self.request, spec, len(prompt))
         grammar = grammars.generation_grammar(self.request, reasoning=spec.reasoning)
         return prompt, budget, self._constraint(grammar, budget, history.tokens)

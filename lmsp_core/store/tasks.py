@@ -10,6 +10,7 @@ model's index of unfinished tasks (``taskindex``), where reapers find tasks nobo
 
 import enum
 import re
+import struct
 from collections.abc import Sequence
 from typing import Any, ClassVar, Literal
 
@@ -76,6 +77,20 @@ class TaskRecord(msgspec.Struct, frozen=True, kw_only=True):
     job: str | None = None  # the arq job meant to run it (None: the first job, whose id is the task id)
     # the whole input (earlier turns of a conversation + this request's), when it differs from the request's
     context: bytes | None = None
+    # the prompt as the API rendered and checked it (token ids, uint32 little-endian) and the digest of
+    # the model card it used; None where the API had no card: the worker renders and checks it then
+    prompt: bytes | None = None
+    prompt_card: str | None = None
+
+    def prompt_ids(self, card_digest: str) -> list[int] | None:
+        """The prompt the API rendered, if it used the card the worker has (else None)."""
+        if self.prompt is None or self.prompt_card != card_digest:
+            return None
+        return list(struct.unpack(f"<{len(self.prompt) // 4}I", self.prompt))
+
+    @staticmethod
+    def pack_prompt(token_ids: list[int]) -> bytes:
+        return struct.pack(f"<{len(token_ids)}I", *token_ids)
 
     def input_items(self, request: wire.ResponseRequest) -> list[wire.InputItem]:
         if self.context is None:
@@ -107,7 +122,7 @@ class TaskRecord(msgspec.Struct, frozen=True, kw_only=True):
 
 
 _TEXT_FIELDS = ("id", "model", "owner", "kind", "status", "response_id")
-_OPTIONAL_TEXT_FIELDS = ("worker", "job")
+_OPTIONAL_TEXT_FIELDS = ("worker", "job", "prompt_card")
 _FLOAT_FIELDS = ("created_at", "started_at", "finished_at")
 _INT_FIELDS = ("last_event_id", "attempts")
 
@@ -118,7 +133,8 @@ def _record(raw: dict[bytes, bytes]) -> TaskRecord:
     data.update({name: fields[name].decode() for name in _OPTIONAL_TEXT_FIELDS if name in fields})
     data.update({name: float(fields[name]) for name in _FLOAT_FIELDS if name in fields})
     data.update({name: int(fields[name]) for name in _INT_FIELDS if name in fields})
-    data.update({name: fields[name] for name in ("request", "response", "error", "context") if name in fields})
+    data.update({name: fields[name] for name in ("request", "response", "error", "context", "prompt")
+                 if name in fields})
     data["cancel_requested"] = "cancel" in fields
     return msgspec.convert(data, TaskRecord)
 
@@ -179,8 +195,9 @@ class TaskStore:
         mapping: dict[str, str | bytes | float | int] = {
             name: getattr(record, name) for name in (*_TEXT_FIELDS, "created_at", "request")
         }
-        if record.context is not None:
-            mapping["context"] = record.context
+        for name in ("context", "prompt", "prompt_card"):
+            if (value := getattr(record, name)) is not None:
+                mapping[name] = value
         async with self.redis.pipeline(transaction=False) as pipe:
             # a reaper first looks at the task after one lease period: by then its job is queued
             # (or the API died before queueing it, and the reaper queues it; see docs/reliability.md)

@@ -275,3 +275,13 @@ def test_stored_form_of_events_round_trips() -> None:
         assert eventlog.unpack(code.encode(), stored, rid) == (name, data)
     assert eventlog.pack(wire.TEXT_DELTA, cases[0][1], rid)[0] == "d"
     assert eventlog.pack(*cases[0], rid)[1].startswith(b',"item_id"')
+
+
+async def test_the_api_renders_the_prompt_once_and_the_worker_uses_it(client: httpx.AsyncClient,
+                                                                      redis: Any) -> None:
+    task = await create(client, max_output_tokens=4)
+    stored = await redis.hgetall(f"lmsp:task:{{{task['id']}}}")
+    assert len(stored[b"prompt"]) % 4 == 0 and len(stored[b"prompt"]) > 0 and stored[b"prompt_card"]
+    final = [e for e in await events(client, task["id"]) if e.event in wire.FINAL_EVENTS][-1]
+    usage = final.data["usage"]
+    assert usage["input_tokens"] == len(stored[b"prompt"]) // 4  # the worker ran the API's prompt

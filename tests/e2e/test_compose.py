@@ -64,7 +64,7 @@ def test_compose_file_structure() -> None:
     check(yaml.safe_load(COMPOSE.read_text()))
     # the image has what the services run
     dockerfile = (ROOT / "Dockerfile").read_text()
-    assert "LMSP_MODEL_CACHE=/cache" in dockerfile and ".[worker]" in dockerfile
+    assert "LMSP_MODEL_CACHE=/cache" in dockerfile and ".[api,worker]" in dockerfile
 
 
 def test_docker_compose_config_validates(tmp_path: Path) -> None:

@@ -4,33 +4,28 @@ warm restart (its model and compile caches). A long generation's last tokens aga
 measured on the engine in process (``bench.engine.long_generation``).
 """
 
+import argparse
 import asyncio
 import itertools
 import json
 import statistics
+import tempfile
 import time
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from bench import engine
+from bench.report import Measured, Table, percentile, prompt_text, ratio, user_input
 from bench.sse import SseStream
 from bench.stack import Stack
 from lmsp_core import wire
+from lmsp_core.settings import load_settings
 from workers import loader
 
 HOST = "127.0.0.1"
 LONG_PROMPT = ("The history of the lighthouse begins with fires lit on hilltops to guide ships along dangerous "
                "coasts, and continues through towers of stone, oil lamps, clockwork lenses and electric beams. ")
 COUNTING = "Count from 1 to 2000, one number per line, without stopping."
-
-
-def user_input(text: str) -> list[dict[str, Any]]:
-    return [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}]
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
 
 
 async def delta_times(port: int, model: str, text: str, max_tokens: int,
@@ -112,3 +107,40 @@ def startup_seconds(models: list[dict[str, Any]], served: str, threads: int, mod
     compiled or read from its compile cache there, warmed up)."""
     with Stack(models, [served], threads, extra_env={"LMSP_MODEL_CACHE": str(model_cache)}) as stack:
         return stack.worker_ready_seconds
+
+
+# --- the table's model-step section ------------------------------------------------------------
+
+
+async def model_step(args: argparse.Namespace, stack: Stack, local: Any, table: Table, measured: Measured,
+                     threads: int) -> None:
+    """The model step itself: against llama.cpp, over a long generation, while a long prompt joins."""
+    prompt = local.prompt(prompt_text(0))
+    theirs = llama_cpp_rates(local.loaded.spec, Path(load_settings().model_cache), prompt, args.tokens,
+                                       threads, args.repeat)
+    if theirs is None:
+        table.add("1 stream: vs llama.cpp", "not installed (see docs/performance.md)")
+    else:
+        rate, first = theirs
+        table.add(f"1 stream: vs llama.cpp ({threads} threads, same GGUF)", f"{measured.single:.1f}",
+                  f"{rate:.1f} llama.cpp", ratio(measured.single, rate), ">= 0.8")
+        table.add("1 stream: TTFT p50 vs llama.cpp", f"{measured.ttft_ms:.1f} ms", f"{first * 1000:.1f} ms",
+                  "", "<= 60 ms")
+    # in process, on an engine of its own: through the service the model ends its answer first
+    first_rate, last_rate = await engine.long_generation(local.loaded.spec, Path(load_settings().model_cache),
+                                                         prompt, args.long_tokens)
+    table.add(f"long generation ({args.long_tokens} tokens, engine): tokens/s at the last 100 / first 100",
+              f"{last_rate:.1f}", f"{first_rate:.1f}", ratio(last_rate, first_rate), ">= 0.9")
+    text = long_prompt_text(local, args.long_tokens)
+    median, p99, worst = await joining_prompt(stack.api_port, args.model, text)
+    table.add(f"8 streams, a {len(local.prompt(text))}-token prompt joins: inter-token delay p99 (max) / median",
+              f"{p99 * 1000:.0f} ({worst * 1000:.0f}) ms", f"{median * 1000:.0f} ms", f"{p99 / median:.1f}x", "<= 2x")
+
+
+def startup(models: list[dict[str, Any]], spec: Any, threads: int, table: Table) -> None:
+    """A worker's first start (an empty model cache: converting, compiling) and its restart (both cached)."""
+    with tempfile.TemporaryDirectory(prefix="lmsp-model-cache-") as cache:
+        cold = startup_seconds(models, spec.id, threads, Path(cache))
+        warm = startup_seconds(models, spec.id, threads, Path(cache))
+    table.add(f"worker start (compile={spec.compile}): first / restart", f"{cold:.0f} s",
+              f"{warm:.0f} s", "", "restart <= 20 s")

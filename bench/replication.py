@@ -17,18 +17,9 @@ from typing import Any
 import msgspec
 import redis.asyncio as aioredis
 
+from bench.report import Table, percentile, prompt_text, ratio
 from bench.stack import ReplicatedStack
-from bench.throughput import (
-    UNSERVED,
-    BenchRun,
-    Table,
-    concurrent_streams,
-    create_task,
-    percentile,
-    prompt_text,
-    ratio,
-    stream_response,
-)
+from bench.throughput import UNSERVED, BenchRun, concurrent_streams, create_task, stream_response
 from lmsp_core import wire
 from lmsp_core.settings import Settings
 from lmsp_core.store.tasks import ClaimOutcome, TaskStore

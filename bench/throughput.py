@@ -28,10 +28,9 @@ import json
 import os
 import random
 import statistics
-import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +38,8 @@ import msgspec
 import redis.asyncio as aioredis
 import torch
 
-from bench import engine, hfserve, modelstep
+from bench import hfserve, modelstep
+from bench.report import Measured, Table, percentile, prompt_text, ratio, user_input
 from bench.sse import EventIdReader, SseStream
 from bench.stack import Stack, cpu_seconds, rss_bytes
 from lmsp_core import wire
@@ -53,40 +53,7 @@ from workers import loader
 from workers.writer import EventWriter
 
 UNSERVED = "bench-unserved"  # fan-out tasks: queued on a model no worker serves, written by this process
-TOPICS = ["a lighthouse keeper", "a lost violin", "the first winter on Mars", "a clockmaker's apprentice",
-          "a river that ran backwards", "a library at the bottom of the sea", "a robot learning to paint",
-          "two rival bakers"]
 HOST = "127.0.0.1"
-
-
-def prompt_text(i: int) -> str:
-    return f"Write a long story about {TOPICS[i % len(TOPICS)]} (number {i}). Use many details."
-
-
-def user_input(text: str) -> list[dict[str, Any]]:
-    return [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}]
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
-
-
-@dataclass
-class Table:
-    rows: list[tuple[str, str, str, str, str]] = field(default_factory=list)
-
-    def add(self, measure: str, service: str, baseline: str = "", ratio: str = "", target: str = "") -> None:
-        self.rows.append((measure, service, baseline, ratio, target))
-        print(f"  {measure}: {service}  {baseline}  {ratio}", flush=True)
-
-    def render(self) -> str:
-        head = ("measure", "service", "baseline", "ratio", "target")
-        widths = [max(len(row[i]) for row in [head, *self.rows]) for i in range(5)]
-        lines = [" | ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True))
-                 for row in [head, *self.rows]]
-        lines.insert(1, "-+-".join("-" * width for width in widths))
-        return "\n".join(lines)
 
 
 # --- in process ----------------------------------------------------------------------------------
@@ -317,19 +284,6 @@ async def storage(stack: Stack, table: Table) -> None:
 # --- the run --------------------------------------------------------------------------------------
 
 
-def ratio(service: float, baseline: float) -> str:
-    return f"{service / baseline:.2f}" if baseline else "-"
-
-
-@dataclass
-class Measured:
-    """What later sections compare with: 1-stream tokens/s and TTFT p50 (ms), aggregate tokens/s."""
-
-    single: float = 0.0
-    ttft_ms: float = 0.0
-    rates: dict[int, float] = field(default_factory=dict)
-
-
 async def throughput(args: argparse.Namespace, stack: Stack, local: InProcess, table: Table) -> Measured:
     model = args.model
     measured = Measured()
@@ -372,40 +326,6 @@ async def throughput(args: argparse.Namespace, stack: Stack, local: InProcess, t
     return measured
 
 
-async def model_step(args: argparse.Namespace, stack: Stack, local: InProcess, table: Table, measured: Measured,
-                     threads: int) -> None:
-    """The model step itself: against llama.cpp, over a long generation, while a long prompt joins."""
-    prompt = local.prompt(prompt_text(0))
-    theirs = modelstep.llama_cpp_rates(local.loaded.spec, Path(load_settings().model_cache), prompt, args.tokens,
-                                       threads, args.repeat)
-    if theirs is None:
-        table.add("1 stream: vs llama.cpp", "not installed (see docs/performance.md)")
-    else:
-        rate, first = theirs
-        table.add(f"1 stream: vs llama.cpp ({threads} threads, same GGUF)", f"{measured.single:.1f}",
-                  f"{rate:.1f} llama.cpp", ratio(measured.single, rate), ">= 0.8")
-        table.add("1 stream: TTFT p50 vs llama.cpp", f"{measured.ttft_ms:.1f} ms", f"{first * 1000:.1f} ms",
-                  "", "<= 60 ms")
-    # in process, on an engine of its own: through the service the model ends its answer first
-    first_rate, last_rate = await engine.long_generation(local.loaded.spec, Path(load_settings().model_cache),
-                                                         prompt, args.long_tokens)
-    table.add(f"long generation ({args.long_tokens} tokens, engine): tokens/s at the last 100 / first 100",
-              f"{last_rate:.1f}", f"{first_rate:.1f}", ratio(last_rate, first_rate), ">= 0.9")
-    text = modelstep.long_prompt_text(local, args.long_tokens)
-    median, p99, worst = await modelstep.joining_prompt(stack.api_port, args.model, text)
-    table.add(f"8 streams, a {len(local.prompt(text))}-token prompt joins: inter-token delay p99 (max) / median",
-              f"{p99 * 1000:.0f} ({worst * 1000:.0f}) ms", f"{median * 1000:.0f} ms", f"{p99 / median:.1f}x", "<= 2x")
-
-
-def startup(models: list[dict[str, Any]], spec: Any, threads: int, table: Table) -> None:
-    """A worker's first start (an empty model cache: converting, compiling) and its restart (both cached)."""
-    with tempfile.TemporaryDirectory(prefix="lmsp-model-cache-") as cache:
-        cold = modelstep.startup_seconds(models, spec.id, threads, Path(cache))
-        warm = modelstep.startup_seconds(models, spec.id, threads, Path(cache))
-    table.add(f"worker start (compile={spec.compile}): first / restart", f"{cold:.0f} s",
-              f"{warm:.0f} s", "", "restart <= 20 s")
-
-
 async def versus_hf_serve(args: argparse.Namespace, local: InProcess, table: Table, rates: dict[int, float],
                           cache: Path, threads: int) -> None:
     """The same concurrent streams through ``transformers serve`` (after ours: never both at once)."""
@@ -443,13 +363,13 @@ async def main(args: argparse.Namespace) -> None:
         print(f"model {spec.id} on {local.loaded.device} ({local.loaded.model.dtype}), {threads} torch threads, "
               f"{os.cpu_count()} CPUs; {args.tokens} tokens per stream, median of {args.repeat}", flush=True)
         measured = await throughput(args, stack, local, table)
-        await model_step(args, stack, local, table, measured, threads)
+        await modelstep.model_step(args, stack, local, table, measured, threads)
         task_id = await fan_out(stack, table, args.readers, args.events, args.rate)
         await resume(stack, table, task_id, args.events, args.resumes)
         await storage(stack, table)
     await versus_hf_serve(args, local, table, measured.rates, Path(settings.model_cache), threads)
     if args.startup:
-        startup(models[:1], served, threads, table)
+        modelstep.startup(models[:1], served, threads, table)
     print()
     print(table.render())
 

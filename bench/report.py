@@ -1,0 +1,53 @@
+"""The benchmark's report: one table of figures against their baselines, and small helpers shared by
+its sections."""
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+TOPICS = ["a lighthouse keeper", "a lost violin", "the first winter on Mars", "a clockmaker's apprentice",
+          "a river that ran backwards", "a library at the bottom of the sea", "a robot learning to paint",
+          "two rival bakers"]
+
+
+def prompt_text(i: int) -> str:
+    return f"Write a long story about {TOPICS[i % len(TOPICS)]} (number {i}). Use many details."
+
+
+def user_input(text: str) -> list[dict[str, Any]]:
+    return [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}]
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
+
+
+@dataclass
+class Table:
+    rows: list[tuple[str, str, str, str, str]] = field(default_factory=list)
+
+    def add(self, measure: str, service: str, baseline: str = "", ratio: str = "", target: str = "") -> None:
+        self.rows.append((measure, service, baseline, ratio, target))
+        print(f"  {measure}: {service}  {baseline}  {ratio}", flush=True)
+
+    def render(self) -> str:
+        head = ("measure", "service", "baseline", "ratio", "target")
+        widths = [max(len(row[i]) for row in [head, *self.rows]) for i in range(5)]
+        lines = [" | ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True))
+                 for row in [head, *self.rows]]
+        lines.insert(1, "-+-".join("-" * width for width in widths))
+        return "\n".join(lines)
+
+
+def ratio(service: float, baseline: float) -> str:
+    return f"{service / baseline:.2f}" if baseline else "-"
+
+
+@dataclass
+class Measured:
+    """What later sections compare with: 1-stream tokens/s and TTFT p50 (ms), aggregate tokens/s."""
+
+    single: float = 0.0
+    ttft_ms: float = 0.0
+    rates: dict[int, float] = field(default_factory=dict)

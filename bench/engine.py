@@ -80,9 +80,9 @@ async def long_generation(spec: Any, cache: Path, prompt: list[int], tokens: int
     return 99 / (times[99] - times[0]), 99 / (times[-1] - times[-100])
 
 
-def user_message(text: str) -> wire.InputItem:
+def user_message(text: str) -> wire.Message:
     return msgspec.convert({"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]},
-                           wire.InputItem)  # type: ignore[arg-type]
+                           wire.Message)
 
 
 def device_name(device: torch.device) -> str:

@@ -19,8 +19,8 @@ from bench.report import Measured, Table, percentile, prompt_text, ratio, user_i
 from bench.sse import SseStream
 from bench.stack import Stack
 from lmsp_core import wire
+from lmsp_core.requests import modelfiles
 from lmsp_core.settings import load_settings
-from workers import loader
 
 HOST = "127.0.0.1"
 LONG_PROMPT = ("The history of the lighthouse begins with fires lit on hilltops to guide ships along dangerous "
@@ -55,11 +55,11 @@ def llama_cpp_rates(spec: Any, cache: Path, prompt: list[int], tokens: int, thre
     kind, _, location = spec.source.partition(":")
     if kind != "gguf-package":
         return None
-    llm = llama_cpp.Llama(model_path=str(loader._package_file(location)), n_threads=threads, n_threads_batch=threads,
+    llm = llama_cpp.Llama(model_path=str(modelfiles.package_file(location)), n_threads=threads, n_threads_batch=threads,
                           n_ctx=4096, verbose=False)
     rates, firsts = [], []
     for _ in range(repeat):
-        llm.reset()  # no prompt cache: the prompt is evaluated each time, as ours is
+        llm.reset()  # type: ignore[no-untyped-call]  # no prompt cache: the prompt is evaluated each time, as ours is
         start = time.perf_counter()
         first, count = 0.0, 0
         for _token in llm.generate(prompt, top_k=1, top_p=1.0, temp=0.0, repeat_penalty=1.0):

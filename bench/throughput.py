@@ -196,11 +196,13 @@ async def write_events(stack: Stack, settings: Settings, task: dict[str, Any], c
         else:
             delta = wire.OutputTextDelta(response_id=rid, item_id=item, delta=f" word{i}")
             number = writer.event(run, wire.TEXT_DELTA, wire.encoder.encode(delta))
+        assert number is not None, "the benchmark's own log was closed"
         written[number] = written_at
         await writer.flush()
     usage = wire.Usage(input_tokens=1, output_tokens=count, total_tokens=count + 1)
     number = writer.event(run, wire.COMPLETED, wire.encoder.encode(
         wire.ResponseCompleted(response_id=rid, status="completed", usage=usage)))
+    assert number is not None, "the benchmark's own log was closed"
     written[number] = time.perf_counter()
     response = wire.Response(id=rid, created_at=int(record.created_at), status="completed", model=UNSERVED, output=[],
                              usage=usage)

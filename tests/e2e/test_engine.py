@@ -15,15 +15,17 @@ from workers.sampling import RowSampler, SamplingParams
 
 
 class Collector:
+    """A sink that keeps a generation's tokens and why it finished."""
+
     def __init__(self) -> None:
         self.tokens: list[int] = []
-        self.reason: str | None = None
+        self.reason: Finish | None = None
         self.done = asyncio.Event()
 
     def on_token(self, seq: Generation, token: int) -> None:
         self.tokens.append(token)
 
-    def on_finish(self, seq: Generation, reason: str, error: BaseException | None) -> None:
+    def on_finish(self, seq: Generation, reason: Finish, error: BaseException | None) -> None:
         self.reason = reason
         self.done.set()
 

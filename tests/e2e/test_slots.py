@@ -14,10 +14,10 @@ from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig, MistralC
 
 from lmsp_core.requests.catalog import TINY_RANDOM
 from lmsp_core.settings import load_settings
+from tests.e2e.test_engine import Collector
 from workers import loader, precision, scheduler
 from workers.decoder import Decoder, unsupported_reason
 from workers.engine import Engine, Finish, Generation
-from workers.generation import Sink
 from workers.hfslots import HfSlots
 from workers.kvslots import Chunk, Feed, StepPlan
 from workers.sampling import RowSampler, SamplingParams
@@ -90,20 +90,6 @@ def test_other_architectures_run_through_transformers() -> None:
 def tiny() -> loader.LoadedModel:
     loader.limit_threads(1)
     return loader.load(TINY_RANDOM, Path(load_settings().model_cache))
-
-
-class Collector(Sink):
-    def __init__(self) -> None:
-        self.tokens: list[int] = []
-        self.reason: str | None = None
-        self.done = asyncio.Event()
-
-    def on_token(self, seq: Generation, token: int) -> None:
-        self.tokens.append(token)
-
-    def on_finish(self, seq: Generation, reason: str, error: BaseException | None) -> None:
-        self.reason = reason
-        self.done.set()
 
 
 def recording(engine: Engine) -> list[StepPlan]:

@@ -37,7 +37,7 @@ from tests.support import Api, RedisServer, SseEvent, Worker, body, service_env,
 
 MODEL = "tiny-random"
 TASKS = 8
-TOKENS = 200
+TOKENS = 1000  # long enough that no task ends before every follower has seen a few events
 SEEN_BEFORE_KILL = 5  # events every follower has when the node is killed
 WAIT_TIMEOUT = 3.0
 # a long lease: a slow failover must not cost a task its lease (no task is to be taken over); a

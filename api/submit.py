@@ -24,6 +24,7 @@ from lmsp_core.requests.closing import GrammarTokenizer, output_tokens_needed, r
 from lmsp_core.requests.validation import check_limits, check_output_room, check_request, output_budget
 from lmsp_core.store import connections, conversations, metrics, queue, registry
 from lmsp_core.store.conversations import StoredResponse
+from lmsp_core.store.eventstore import pack_tokens
 from lmsp_core.store.tasks import Kind, TaskRecord
 from lmsp_core.wire import ids
 from lmsp_core.wire.errors import ServiceUnavailable
@@ -52,7 +53,7 @@ async def submit(services: Services, request: wire.ResponseRequest, *, kind: Kin
         id=ids.new_id(ids.TASK), model=spec.id, owner=owner, kind=kind, status="queued",
         created_at=time.time(), response_id=ids.new_id(ids.RESPONSE), request=wire.encoder.encode(request),
         context=None if items is None else wire.encoder.encode(items),
-        prompt=None if rendered is None else TaskRecord.pack_prompt(rendered.token_ids),
+        prompt=None if rendered is None else pack_tokens(rendered.token_ids),
         prompt_card=None if rendered is None else rendered.card_digest,
     )
     await services.store.create(record)

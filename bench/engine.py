@@ -34,8 +34,7 @@ from workers.sampling import RowSampler, SamplingParams
 class Timing:
     """A sink that notes when each sequence got its first token and when it finished."""
 
-    def __init__(self, started: float) -> None:
-        self.started = started
+    def __init__(self) -> None:
         self.first: float | None = None
         self.tokens = 0
         self.done = asyncio.Event()
@@ -54,8 +53,8 @@ class Timing:
 class Arrivals(Timing):
     """A sink that notes when each token arrived."""
 
-    def __init__(self, started: float) -> None:
-        super().__init__(started)
+    def __init__(self) -> None:
+        super().__init__()
         self.times: list[float] = []
 
     def on_token(self, seq: Generation, token: int) -> None:
@@ -70,7 +69,7 @@ async def long_generation(spec: Any, cache: Path, prompt: list[int], tokens: int
     runner = asyncio.create_task(engine.run())
     try:
         await engine.ready()
-        sink = Arrivals(time.perf_counter())
+        sink = Arrivals()
         engine.submit(Generation(prompt, tokens, RowSampler(SamplingParams()), [], sink))
         await sink.done.wait()
     finally:
@@ -97,7 +96,7 @@ def device_name(device: torch.device) -> str:
 async def streams(engine: Engine, prompts: list[list[int]], tokens: int) -> dict[str, float]:
     """``len(prompts)`` sequences at once; aggregate tokens/s, TTFT p50 and the decode rate of one stream."""
     started = time.perf_counter()
-    sinks = [Timing(started) for _ in prompts]
+    sinks = [Timing() for _ in prompts]
     for prompt, sink in zip(prompts, sinks, strict=True):
         engine.submit(Generation(prompt, tokens, RowSampler(SamplingParams()), [], sink))
     await asyncio.gather(*(sink.done.wait() for sink in sinks))
@@ -129,7 +128,7 @@ async def profile(engine: Engine, prompt: list[int], device: torch.device) -> No
         activities.append(torch.profiler.ProfilerActivity.CUDA)
     sort = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
     with torch.profiler.profile(activities=activities) as profiler:
-        done = Timing(time.perf_counter())
+        done = Timing()
         engine.submit(Generation(prompt, 32, RowSampler(SamplingParams()), [], done))
         await done.done.wait()
     print(profiler.key_averages().table(sort_by=sort, row_limit=20), flush=True)

@@ -14,6 +14,7 @@ every call of the task scripts; readers of the log use ``eventlog``.
 
 import enum
 import struct
+from collections.abc import Sequence
 
 import msgspec
 from redis.asyncio import Redis
@@ -92,15 +93,18 @@ def reply_of(append: Append, answer: list[bytes | int]) -> AppendReply:
                        stored_events=events, stored_tokens=tokens)
 
 
-def _pack_tokens(tokens: tuple[int, ...]) -> bytes:
-    """The checkpoint's form of token ids: uint32 little-endian, appended as they come."""
+def pack_tokens(tokens: Sequence[int]) -> bytes:
+    """How token ids are stored (the checkpoint, a task's rendered prompt): uint32 little-endian."""
     return struct.pack(f"<{len(tokens)}I", *tokens)
+
+
+def unpack_tokens(raw: bytes) -> tuple[int, ...]:
+    return struct.unpack(f"<{len(raw) // 4}I", raw)
 
 
 async def read_tokens(redis: Redis, task_id: str) -> tuple[int, ...]:
     """The task's token checkpoint: every token id whose events are stored, in order."""
-    raw: bytes = await redis.get(keys.token_ids(task_id)) or b""
-    return struct.unpack(f"<{len(raw) // 4}I", raw)
+    return unpack_tokens(await redis.get(keys.token_ids(task_id)) or b"")
 
 
 class EventStore:
@@ -132,7 +136,7 @@ class EventStore:
     def _args(self, append: Append) -> list[str | bytes | int]:
         final = append.final
         args: list[str | bytes | int] = [
-            append.lease, append.first_id, len(append.events), _pack_tokens(append.tokens), append.token_offset,
+            append.lease, append.first_id, len(append.events), pack_tokens(append.tokens), append.token_offset,
             self._lease_ttl_ms, "1" if final else "", final.status if final else "", final.response if final else b"",
             final.error if final else b"", self._event_ttl_ms, self._task_ttl_ms,
         ]

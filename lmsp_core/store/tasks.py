@@ -10,7 +10,6 @@ model's index of unfinished tasks (``taskindex``), where reapers find tasks nobo
 
 import enum
 import re
-import struct
 from collections.abc import Sequence
 from typing import Any, ClassVar, Literal
 
@@ -20,6 +19,7 @@ from redis.asyncio import Redis
 from lmsp_core import wire
 from lmsp_core.settings import Settings
 from lmsp_core.store import eventlog, keys, metrics, queue, scripts
+from lmsp_core.store.eventstore import unpack_tokens
 from lmsp_core.store.taskindex import ActiveIndex
 from lmsp_core.wire import ids
 
@@ -86,11 +86,7 @@ class TaskRecord(msgspec.Struct, frozen=True, kw_only=True):
         """The prompt the API rendered, if it used the card the worker has (else None)."""
         if self.prompt is None or self.prompt_card != card_digest:
             return None
-        return list(struct.unpack(f"<{len(self.prompt) // 4}I", self.prompt))
-
-    @staticmethod
-    def pack_prompt(token_ids: list[int]) -> bytes:
-        return struct.pack(f"<{len(token_ids)}I", *token_ids)
+        return list(unpack_tokens(self.prompt))
 
     def input_items(self, request: wire.ResponseRequest) -> list[wire.InputItem]:
         if self.context is None:

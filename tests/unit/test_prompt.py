@@ -5,6 +5,7 @@ worker uses them only if its own card is that one (else it renders and checks th
 import msgspec
 
 from lmsp_core import wire
+from lmsp_core.store.eventstore import pack_tokens
 from lmsp_core.store.tasks import TaskRecord, TaskStore
 from lmsp_core.wire import ids
 from tests.unit.tasks import new_task
@@ -12,7 +13,7 @@ from tests.unit.tasks import new_task
 
 async def test_the_rendered_prompt_travels_with_the_task(store: TaskStore, model: str) -> None:
     plain = await new_task(store, model)
-    rendered = msgspec.structs.replace(plain, id=ids.new_id(ids.TASK), prompt=TaskRecord.pack_prompt([1, 70000, 2]),
+    rendered = msgspec.structs.replace(plain, id=ids.new_id(ids.TASK), prompt=pack_tokens([1, 70000, 2]),
                                        prompt_card="card-a")
     await store.create(rendered)
     stored = await store.get(rendered.id)

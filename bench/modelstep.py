@@ -59,7 +59,7 @@ def llama_cpp_rates(spec: Any, cache: Path, prompt: list[int], tokens: int, thre
                           n_ctx=4096, verbose=False)
     rates, firsts = [], []
     for _ in range(repeat):
-        llm.reset()  # type: ignore[no-untyped-call]  # no prompt cache: the prompt is evaluated each time, as ours is
+        llm.reset()  # no prompt cache: the prompt is evaluated each time, as ours is
         start = time.perf_counter()
         first, count = 0.0, 0
         for _token in llm.generate(prompt, top_k=1, top_p=1.0, temp=0.0, repeat_penalty=1.0):

@@ -5,11 +5,14 @@ about 1% at one stream on a CPU: bench.throughput); it is the GPU run of docs/pe
 
     python -m bench.engine --model llama-8b-random --streams 1 64 --tokens 256 --json gpu.json
 
-Every stream runs to its budget (no stop tokens), greedy, from its own prompt.
+Every stream runs to its budget (no stop tokens), greedy, from its own prompt. ``--weights both`` runs
+each setting on the dense weights and on the 4-bit ones (a CPU; ``weights.pack_int4``); on a CPU the
+4-bit decoding's greedy answer to the README prompt is checked against the float32 model's.
 """
 
 import argparse
 import asyncio
+import dataclasses
 import gc
 import json
 import os
@@ -30,6 +33,8 @@ from workers import loader
 from workers.engine import Engine, Generation
 from workers.sampling import RowSampler, SamplingParams
 
+README_PROMPT = "Describe a local model service in one sentence."  # README, "Try it"
+
 
 class Timing:
     """A sink that notes when each sequence got its first token and when it finished."""
@@ -48,6 +53,18 @@ class Timing:
         if error is not None:
             raise RuntimeError(f"a sequence failed: {error!r}")
         self.done.set()
+
+
+class Tokens(Timing):
+    """A sink that keeps the tokens."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ids: list[int] = []
+
+    def on_token(self, seq: Generation, token: int) -> None:
+        super().on_token(seq, token)
+        self.ids.append(token)
 
 
 class Arrivals(Timing):
@@ -77,6 +94,41 @@ async def long_generation(spec: Any, cache: Path, prompt: list[int], tokens: int
         engine.close()
     times = sink.times
     return 99 / (times[99] - times[0]), 99 / (times[-1] - times[-100])
+
+
+async def greedy_answer(loaded: loader.LoadedModel, prompt: list[int], tokens: int) -> list[int]:
+    """The greedy tokens of one generation (to a stop token or ``tokens``), on an eager engine of its own."""
+    engine = Engine(loaded, compile=False)
+    runner = asyncio.create_task(engine.run())
+    try:
+        await engine.ready()
+        sink = Tokens()
+        engine.submit(Generation(prompt, tokens, RowSampler(SamplingParams()), loaded.card.stop_token_ids, sink))
+        await sink.done.wait()
+        return sink.ids
+    finally:
+        runner.cancel()
+        engine.close()
+
+
+async def same_text(loaded: loader.LoadedModel, cache: Path, prompt: list[int], tokens: int = 256) -> str:
+    """Whether the model as loaded (4-bit decoding where it packs) answers ``prompt`` as the float32
+    model with dense weights does, greedy."""
+    exact = loader.load(msgspec.structs.replace(loaded.spec, dtype="float32", weights="dense"), cache)
+    expected = await greedy_answer(exact, prompt, tokens)
+    got = await greedy_answer(weights_variant(loaded, "auto"), prompt, tokens)
+    if got == expected:
+        return f"same as the float32 model's ({len(got)} tokens)"
+    differ = next((i for i, (a, b) in enumerate(zip(got, expected, strict=False)) if a != b),
+                  min(len(got), len(expected)))
+    return f"DIFFERS from the float32 model's at token {differ + 1} of {len(expected)}"
+
+
+def weights_variant(loaded: loader.LoadedModel, weights: str) -> loader.LoadedModel:
+    """The loaded model for an engine of its own: its 4-bit packing as loaded (``auto``) or none."""
+    if weights == "dense":
+        return dataclasses.replace(loaded, exact_weights={}, int4_rows=0)
+    return dataclasses.replace(loaded, exact_weights=dict(loaded.exact_weights))  # an engine clears its copy
 
 
 def user_message(text: str) -> wire.Message:
@@ -140,15 +192,16 @@ def sync(device: torch.device) -> None:
 
 
 async def measure(loaded: loader.LoadedModel, prompts: list[list[int]], args: argparse.Namespace,
-                  compile: bool) -> dict[str, Any]:
+                  compile: bool, weights: str) -> dict[str, Any]:
     """Warm an engine up, run each stream count ``args.rounds`` times (best round kept), close it."""
     started = time.perf_counter()
-    engine = Engine(loaded, compile=compile)
+    engine = Engine(weights_variant(loaded, weights), compile=compile)
     runner = asyncio.create_task(engine.run())
     try:
         await engine.ready()
-        result: dict[str, Any] = {"compile": compile, "warm_up_s": time.perf_counter() - started}
-        print(f"  {'compiled' if compile else 'eager'}: warmed up in {result['warm_up_s']:.1f} s", flush=True)
+        result: dict[str, Any] = {"compile": compile, "weights": weights, "warm_up_s": time.perf_counter() - started}
+        print(f"  {'compiled' if compile else 'eager'}, {weights} weights: warmed up in {result['warm_up_s']:.1f} s",
+              flush=True)
         for count in args.streams:
             rounds = [await streams(engine, prompts[:count], args.tokens) for _ in range(args.rounds)]
             best = max(rounds, key=lambda r: r["tokens_per_s"])
@@ -177,21 +230,29 @@ async def main(args: argparse.Namespace) -> None:
     prompts = [renderer.encode(renderer.render([user_message(f"Tell me about local model services, part {i}.")]))
                for i in range(max(args.streams))]
     report: dict[str, Any] = {"model": spec.id, "device": device_name(loaded.device), "dtype": str(loaded.dtype),
-                              "torch": torch.__version__, "tokens": args.tokens,
+                              "int4_rows": loaded.int4_rows, "torch": torch.__version__, "tokens": args.tokens,
                               "load_s": time.perf_counter() - started}
-    print(f"{spec.id} on {report['device']} ({report['dtype']}, torch {torch.__version__}), loaded in "
+    print(f"{spec.id} on {report['device']} ({report['dtype']}, 4-bit decoding products up to {loaded.int4_rows} "
+          f"rows, torch {torch.__version__}), loaded in "
           f"{report['load_s']:.1f} s; {args.tokens} tokens per stream, best of {args.rounds}", flush=True)
     if args.baseline_tokens:
         report["generate_tokens_per_s"] = generate_rate(loaded, prompts[0], args.baseline_tokens)
         print(f"  transformers generate, 1 stream: {report['generate_tokens_per_s']:.1f} tokens/s", flush=True)
     modes = {"auto": [loaded.device.type == "cuda"], "on": [True], "off": [False], "both": [False, True]}
     report["runs"] = []
-    for compile in modes[args.compile]:
-        try:
-            report["runs"].append(await measure(loaded, prompts, args, compile))
-        except Exception as exc:  # report what failed and go on with the next mode
-            print(f"  {'compiled' if compile else 'eager'}: FAILED {exc!r}", flush=True)
-            report["runs"].append({"compile": compile, "error": repr(exc)})
+    for weights in {"auto": ["auto"], "dense": ["dense"], "both": ["dense", "auto"]}[args.weights]:
+        for compile in modes[args.compile]:
+            try:
+                report["runs"].append(await measure(loaded, prompts, args, compile, weights))
+            except Exception as exc:  # report what failed and go on with the next mode
+                print(f"  {'compiled' if compile else 'eager'}, {weights} weights: FAILED {exc!r}", flush=True)
+                report["runs"].append({"compile": compile, "weights": weights, "error": repr(exc)})
+            if args.json:
+                Path(args.json).write_text(json.dumps(report, indent=2))
+    if loaded.int4_rows and loaded.exact_weights:
+        report["readme_answer"] = await same_text(loaded, Path(settings.model_cache),
+                                                  renderer.encode(renderer.render([user_message(README_PROMPT)])))
+        print(f"  4-bit decoding, greedy answer to the README prompt: {report['readme_answer']}", flush=True)
         if args.json:
             Path(args.json).write_text(json.dumps(report, indent=2))
 
@@ -203,6 +264,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--compile", choices=["auto", "on", "off", "both"], default="both")
+    parser.add_argument("--weights", choices=["auto", "dense", "both"], default="auto",
+                        help="decoding weights: as loaded (4-bit where they pack), dense, or each in turn")
     parser.add_argument("--baseline-tokens", type=int, default=32, help="0: skip transformers generate")
     parser.add_argument("--profile", action="store_true", help="also profile one stream's steps")
     parser.add_argument("--json", help="also write the figures to this file")

@@ -171,10 +171,10 @@ class Decoder(nn.Module):
                 linear.prepack(PREFILL_ROWS)
         self.lm_head.prepack(1)
 
-    def pack_int4(self, exact: dict[str, Tensor], lossless_only: bool) -> bool:
-        """Give the layers 4-bit copies of their weights for decoding, from ``exact`` (the model's
-        float32 weights by name); with ``lossless_only``, only if every weight already is on a 4-bit
-        grid per group (a model from a Q4 GGUF). Returns whether it packed."""
+    def pack_int4(self, exact: dict[str, Tensor], rows: int, lossless_only: bool) -> bool:
+        """Give the layers 4-bit copies of their weights for products of at most ``rows`` rows, from
+        ``exact`` (the model's float32 weights by name); with ``lossless_only``, only if every weight
+        already is on a 4-bit grid per group (a model from a Q4 GGUF). Returns whether it packed."""
         sources = []
         for i, layer in enumerate(self.typed_layers):
             attn, mlp = f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
@@ -189,7 +189,7 @@ class Decoder(nn.Module):
         if lossless_only and not all(on_int4_grid(source) for _, source in sources):
             return False
         for linear, source in sources:
-            linear.pack_int4(source)
+            linear.pack_int4(source, rows)
         return True
 
     @property

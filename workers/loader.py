@@ -39,8 +39,10 @@ class LoadedModel:
     model: Any  # a transformers PreTrainedModel in eval mode
     card: ModelCard
     device: torch.device
-    # float32 weights of a model that runs in a lower precision, for packing (``packable``), by name
+    # the model's weights in float32 by name, for packing 4-bit copies (``int4_rows``)
     exact_weights: dict[str, torch.Tensor] = field(default_factory=dict)
+    # decoding products of up to this many rows run on 4-bit weights where they pack (0: none)
+    int4_rows: int = 0
 
     @property
     def dtype(self) -> torch.dtype:
@@ -88,15 +90,15 @@ def load(spec: ModelSpec, cache_dir: Path) -> LoadedModel:
         return _random_llama(spec, cache_dir, device, dtype)
     else:
         raise ValueError(f"model {spec.id!r}: unknown source {spec.source!r}")
-    exact = packable(spec, device, dtype)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32 if exact else dtype).to(device).eval()
+    int4_rows = precision.int4_rows(cache_dir, dtype) if packable(spec, device) else 0
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32 if int4_rows else dtype).to(device).eval()
     exact_weights = {}
-    if exact:  # the float32 weights stay at hand for packing (workers.decoder), the model runs in dtype
+    if int4_rows:  # the float32 weights stay at hand for packing (workers.decoder), the model runs in dtype
         exact_weights = {name: p.data for name, p in model.named_parameters() if p.dim() == 2}
         cast_weights(model, dtype)
     tokenizer = AutoTokenizer.from_pretrained(path)
     card = make_card(spec, tokenizer, model.generation_config.eos_token_id)
-    return LoadedModel(spec, model, card, device, exact_weights)
+    return LoadedModel(spec, model, card, device, exact_weights, int4_rows)
 
 
 def cast_weights(model: Any, dtype: torch.dtype) -> None:
@@ -106,11 +108,11 @@ def cast_weights(model: Any, dtype: torch.dtype) -> None:
         param.data = param.data.to(dtype)
 
 
-def packable(spec: ModelSpec, device: torch.device, dtype: torch.dtype) -> bool:
-    """Whether the model may run its decoding steps on 4-bit weights: on a CPU in bfloat16 (the 4-bit
-    kernel's fast path), unless its spec says ``weights: dense``."""
-    return (spec.weights != "dense" and device.type == "cpu" and dtype == torch.bfloat16
-            and hasattr(torch, "_weight_int4pack_mm_for_cpu"))
+def packable(spec: ModelSpec, device: torch.device) -> bool:
+    """Whether the model may run its decoding steps on 4-bit weights: on a CPU whose 4-bit kernel is
+    vectorised (AVX2 or AVX512), unless its spec says ``weights: dense``."""
+    return (spec.weights != "dense" and device.type == "cpu"
+            and torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512"))
 
 
 def make_card(spec: ModelSpec, tokenizer: Any, eos_token_id: int | list[int] | None) -> ModelCard:

@@ -5,6 +5,10 @@ Whether bfloat16 pays on a CPU depends on the chip: with AVX512-BF16 or AMX its 
 hardware and read half the bytes, without them they are emulated and slower than float32. The
 choice is measured once per CPU model, feature set, torch version and thread count (a second),
 and kept in the model cache, so later starts read it.
+
+The same goes for 4-bit weights (``weights.pack_int4``): up to how many rows a product on them beats
+the dense weights in the model's dtype depends on the chip (its memory bandwidth against its
+arithmetic), so it is measured once as well (``int4_rows``).
 """
 
 import json
@@ -16,6 +20,8 @@ from pathlib import Path
 import torch
 from torch.nn import functional
 
+from workers import weights
+
 logger = logging.getLogger(__name__)
 
 GAIN_NEEDED = 1.1  # bfloat16 must be clearly faster: float32 is the more exact of the two
@@ -24,6 +30,7 @@ _FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
 _ROWS = (1, 16)
 _SHAPE = (2048, 1024)
 _LAYERS = 8
+_INT4_ROWS = (1, 2, 4, 8, 16, 32)
 
 
 def cpu_signature() -> str:
@@ -59,6 +66,30 @@ def cpu_dtype(cache_dir: Path) -> torch.dtype:
     return torch.bfloat16 if known[signature] == "bfloat16" else torch.float32
 
 
+def int4_rows(cache_dir: Path, dtype: torch.dtype) -> int:
+    """The most rows a product on 4-bit weights runs faster than on dense ``dtype`` weights laid out as
+    the decoder lays them out (0: never; measured once per CPU and dtype, then read from the cache)."""
+    if not hasattr(torch, "_weight_int4pack_mm_for_cpu"):
+        return 0
+    path = cache_dir / "precision.json"
+    signature = f"{cpu_signature()} int4 vs {str(dtype).removeprefix('torch.')}"
+    try:
+        known: dict[str, str] = json.loads(path.read_text())
+    except (OSError, ValueError):
+        known = {}
+    if signature not in known:
+        rows = 0
+        for count in _INT4_ROWS:
+            dense, packed = _product_seconds(dtype, count)
+            if packed >= dense:
+                break
+            rows = count
+        known[signature] = str(rows)
+        logger.info("4-bit weights pay for products of up to %d rows on %s", rows, signature)
+        _write(path, known)
+    return int(known[signature])
+
+
 def _seconds(dtype: torch.dtype, rounds: int = 5) -> float:
     """CPU time of the products (the thread's own time: other processes on the machine do not count)."""
     generator = torch.Generator().manual_seed(0)
@@ -77,6 +108,30 @@ def _seconds(dtype: torch.dtype, rounds: int = 5) -> float:
                     functional.linear(x, weight)
             best = min(best, time.thread_time() - started)
     return best
+
+
+def _product_seconds(dtype: torch.dtype, rows: int, rounds: int = 5) -> tuple[float, float]:
+    """CPU time of ``rows``-row products through dense (prepacked where the decoder prepacks) and
+    4-bit layers of the same shape."""
+    generator = torch.Generator().manual_seed(0)
+    layers = []
+    for _ in range(_LAYERS):
+        dense = weights.Linear(torch.randn(_SHAPE, generator=generator).to(dtype))
+        if weights.can_prepack(dtype):
+            dense.prepack(rows)
+        packed = weights.Linear(dense.weight.detach())
+        packed.pack_int4(dense.weight.detach().float(), rows)
+        layers.append((dense, packed))
+    x = torch.randn((rows, _SHAPE[1]), generator=generator).to(dtype)
+    best = [float("inf"), float("inf")]
+    with torch.inference_mode():
+        for _ in range(rounds):
+            for kind in (0, 1):
+                started = time.thread_time()
+                for layer in layers:
+                    layer[kind](x)
+                best[kind] = min(best[kind], time.thread_time() - started)
+    return best[0], best[1]
 
 
 def _write(path: Path, known: dict[str, str]) -> None:

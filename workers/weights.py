@@ -4,11 +4,11 @@
 - Prepacked for the CPU's matrix library (``prepack``): oneDNN's blocked layout for bfloat16, MKL's
   for float32, laid out once rather than at every product (a bfloat16 product of one row through
   SmolLM2's output layer took half the time).
-- 4-bit groups (``pack_int4``, CPU, bfloat16): products of at most ``PACKED_ROWS`` rows, decoding
-  steps, use torch's 4-bit kernel, which reads a quarter of the bytes. It takes scales and zero
-  points in bfloat16; each product runs twice on the same codes, once with the rounded scales and
-  once with what rounding left over, so the scales count with 16 bits (a GGUF's float16 ones come
-  back exactly).
+- 4-bit groups (``pack_int4``, CPU): products of at most ``rows`` rows (decoding steps; how many pay
+  is measured per CPU: ``precision.int4_rows``) use torch's 4-bit kernel, which reads an eighth of
+  the bytes of float32 weights and a quarter of bfloat16 ones. Its only vectorised path takes
+  bfloat16 activations, scales and zero points, so a float32 model's decoding products run in
+  bfloat16 too, their sums in float32.
 """
 
 import torch
@@ -16,7 +16,6 @@ from torch import Tensor, nn
 from torch.nn import functional
 
 GROUP = 32  # inputs per scale of 4-bit weights (as in GGUF's Q4 formats)
-PACKED_ROWS = 4  # products of at most this many rows use 4-bit weights (measured: dense wins from 8)
 
 
 def frozen(tensor: Tensor) -> nn.Parameter:
@@ -40,7 +39,7 @@ class Linear(nn.Module):
         self.rows_hint = 0
         self.int4: Tensor | None = None
         self.scales_zeros: Tensor | None = None
-        self.residual_scales: Tensor | None = None
+        self.int4_rows = 0
 
     def prepack(self, rows_hint: int) -> None:
         """Lay the weights out for the CPU's matrix library, for products of about ``rows_hint`` rows
@@ -51,16 +50,17 @@ class Linear(nn.Module):
         else:
             self.prepacked = torch.ops.mkl._mkl_reorder_linear_weight(self.weight, rows_hint)
 
-    def pack_int4(self, source: Tensor) -> None:
-        """4-bit groups of ``source`` (this layer's weights in float32) for decoding steps."""
+    def pack_int4(self, source: Tensor, rows: int) -> None:
+        """4-bit groups of ``source`` (this layer's weights in float32) for products of at most
+        ``rows`` rows."""
         self.int4, scales_zeros = int4_groups(source)
-        self.scales_zeros = scales_zeros.to(self.weight.dtype)
-        self.residual_scales = (scales_zeros - self.scales_zeros.float()).to(self.weight.dtype)
+        self.scales_zeros = scales_zeros.to(torch.bfloat16)
+        self.int4_rows = rows
 
     def forward(self, x: Tensor) -> Tensor:
-        x = x.to(self.weight.dtype)
-        if self.int4 is not None and x.shape[0] <= PACKED_ROWS:
+        if self.int4 is not None and x.shape[0] <= self.int4_rows:
             return self._int4(x)
+        x = x.to(self.weight.dtype)
         if self.prepacked is None or torch.compiler.is_compiling():  # a compiled graph takes plain weights
             return functional.linear(x, self.weight, self.bias)
         if self.weight.dtype == torch.bfloat16:
@@ -70,10 +70,14 @@ class Linear(nn.Module):
         return y
 
     def _int4(self, x: Tensor) -> Tensor:
-        assert self.int4 is not None and self.scales_zeros is not None and self.residual_scales is not None
-        y = torch._weight_int4pack_mm_for_cpu(x, self.int4, GROUP, self.scales_zeros).float()
-        y = (y + torch._weight_int4pack_mm_for_cpu(x, self.int4, GROUP, self.residual_scales).float()).to(x.dtype)
+        assert self.int4 is not None and self.scales_zeros is not None
+        y = int4_product(x, self.int4, self.scales_zeros).to(self.weight.dtype)
         return y if self.bias is None else y + self.bias
+
+
+def int4_product(x: Tensor, codes: Tensor, scales_zeros: Tensor) -> Tensor:
+    """``x @ w.T`` of 4-bit weights (``int4_groups``, scales and zeros in bfloat16), in bfloat16."""
+    return torch._weight_int4pack_mm_for_cpu(x.to(torch.bfloat16), codes, GROUP, scales_zeros)
 
 
 def on_int4_grid(weight: Tensor) -> bool:

@@ -58,8 +58,8 @@ class ModelSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     # once and is cached on disk. "auto": on CUDA only; on a CPU it measured no steady gain for minutes
     # of compiling (docs/performance.md), so it is asked for explicitly there
     compile: bool | Literal["auto"] = "auto"
-    # decoding on 4-bit weights (CPU, bfloat16): "auto" when the weights already are 4-bit groups (a
-    # Q4 GGUF: repacking them loses nothing), "int4" always (lossy for other models), "dense" never
+    # decoding on 4-bit weights (a CPU with AVX2 or AVX512): "auto" when the weights already are 4-bit
+    # groups (a Q4 GGUF: repacking them keeps every code), "int4" always (lossy for other models), "dense" never
     weights: Literal["auto", "dense", "int4"] = "auto"
     seed: int = 0  # weights of the random models
     max_queue_depth: Annotated[int, Meta(ge=0)] | None = None  # overrides LMSP_MAX_QUEUE_DEPTH (0: no limit)

@@ -3,6 +3,7 @@ every architecture it runs, prompts joining in chunks, a cache that is never rea
 weights only where they lose nothing, and a compiled step that decodes as the eager one."""
 
 import asyncio
+import copy
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -59,6 +60,15 @@ def decode_greedy(model: Decoder | HfSlots, prompt: list[int], n: int, slot: int
             logits = model.run(StepPlan(feeds=[Feed(slot, tokens[-1], len(prompt) + len(tokens) - 1)]))
             tokens.append(int(logits[0].argmax()))
     return tokens
+
+
+def forced_logits(model: Decoder, prompt: list[int], tokens: list[int]) -> torch.Tensor:
+    """The logits of each decoding step when ``tokens`` are fed one at a time after the prompt."""
+    with torch.inference_mode():
+        model.run(StepPlan(chunks=[Chunk(1, 0, prompt, True)]))
+        steps = [model.run(StepPlan(feeds=[Feed(1, token, len(prompt) + i)]))[0]
+                 for i, token in enumerate(tokens)]
+    return torch.stack(steps)
 
 
 @pytest.mark.parametrize("kind", CONFIGS)
@@ -167,16 +177,28 @@ def test_4_bit_weights_only_where_they_lose_nothing() -> None:
                 groups.copy_(((groups - low) / scale).round().clamp(0, 15) * scale + low)
     exact = {name: weight.detach().clone() for name, weight in model.named_parameters() if weight.dim() == 2}
     assert on_int4_grid(exact["model.layers.1.self_attn.q_proj.weight"])
+    in_bfloat16 = copy.deepcopy(model).to(torch.bfloat16)
     prompt = list(range(10, 30))
-    dense = decode_greedy(Decoder(model.to(torch.bfloat16), slots=2, positions=256), prompt, 16)
+    dense = Decoder(model, slots=2, positions=256)  # float32: the weights exactly
+    tokens = decode_greedy(dense, prompt, 16)
     packed = Decoder(model, slots=2, positions=256)
-    assert packed.pack_int4(exact, lossless_only=True)
+    assert packed.pack_int4(exact, rows=4, lossless_only=True)
     assert packed.typed_layers[0].qkv.int4 is not None
-    assert decode_greedy(packed, prompt, 16) == dense
+    # the same tokens fed to each: the 4-bit decoding steps are off the exact logits by the bfloat16
+    # rounding of the products' inputs and scales, no more than the dense model in bfloat16 is
+    expected = forced_logits(dense, prompt, tokens)
+
+    def error(model: Decoder) -> float:
+        return float((forced_logits(model, prompt, tokens) - expected).norm() / expected.norm())
+
+    rounding = error(Decoder(in_bfloat16, slots=2, positions=256))
+    assert error(packed) <= rounding < 0.1
+    # weights off the grid (the same model before its rounding to 4 bits) are much further off
+    assert error(Decoder(random_model(CONFIGS["llama"]), slots=2, positions=256)) > 3 * rounding
     # weights off the grid: auto leaves them dense
     unpacked = Decoder(random_model(CONFIGS["llama"], torch.bfloat16), slots=2, positions=256)
     other = {name: w.detach().float() for name, w in random_model(CONFIGS["llama"]).named_parameters()}
-    assert not unpacked.pack_int4(other, lossless_only=True)
+    assert not unpacked.pack_int4(other, rows=4, lossless_only=True)
     assert unpacked.typed_layers[0].qkv.int4 is None
 
 
@@ -193,6 +215,24 @@ def test_the_cpu_precision_is_measured_once(tmp_path: Path, monkeypatch: pytest.
     assert sorted(map(str, measured)) == ["torch.bfloat16", "torch.float32"]
     assert precision.cpu_dtype(tmp_path) == first and len(measured) == 2  # read from the cache
     assert precision.cpu_signature() in (tmp_path / "precision.json").read_text()
+
+
+def test_how_many_rows_4_bit_products_pay_for_is_measured_once(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    measured: list[int] = []
+    real = precision._product_seconds
+
+    def timed(dtype: torch.dtype, rows: int, rounds: int = 5) -> tuple[float, float]:
+        measured.append(rows)
+        return (1.0, 0.5) if rows <= 8 else (1.0, 2.0)  # 4-bit faster up to 8 rows, then slower
+
+    monkeypatch.setattr(precision, "_product_seconds", timed)
+    assert precision.int4_rows(tmp_path, torch.float32) == 8 and measured == [1, 2, 4, 8, 16]
+    assert precision.int4_rows(tmp_path, torch.float32) == 8 and len(measured) == 5  # read from the cache
+    monkeypatch.setattr(precision, "_product_seconds", lambda dtype, rows: (1.0, 1.5))
+    assert precision.int4_rows(tmp_path, torch.bfloat16) == 0  # never faster: never packed
+    dense, packed = real(torch.float32, 2, rounds=1)  # the real measurement runs both kinds of layer
+    assert dense > 0 and packed > 0
 
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning:torch")  # torch's own imports while compiling

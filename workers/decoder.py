@@ -99,11 +99,12 @@ class Layer(nn.Module):
         self.gate_up = _fused(mlp.gate_proj, mlp.up_proj)
         self.down = Linear(mlp.down_proj.weight)
 
-    def project(self, x: Tensor, shape: tuple[int, int, int], cos: Tensor,
-                sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """Queries ``[N, heads, head_dim]``, keys and values ``[N, kv_heads, head_dim]``, rotated."""
+    def project(self, x: Tensor, shape: tuple[int, int, int], cos: Tensor, sin: Tensor,
+                decoding: int) -> tuple[Tensor, Tensor, Tensor]:
+        """Queries ``[N, heads, head_dim]``, keys and values ``[N, kv_heads, head_dim]``, rotated
+        (``decoding``: how many of the first rows are decoding rows, ``weights.Linear``)."""
         heads, kv_heads, head_dim = shape
-        qkv = self.qkv(rms_norm(x, self.input_norm, self.eps))
+        qkv = self.qkv(rms_norm(x, self.input_norm, self.eps), decoding)
         q, k, v = qkv.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
         q, k, v = q.unflatten(-1, (heads, head_dim)), k.unflatten(-1, (kv_heads, head_dim)), \
             v.unflatten(-1, (kv_heads, head_dim))
@@ -111,11 +112,11 @@ class Layer(nn.Module):
             q, k = rms_norm(q, self.q_norm, self.eps), rms_norm(k, self.k_norm, self.eps)
         return rotate(q, cos, sin), rotate(k, cos, sin), v
 
-    def finish(self, x: Tensor, attended: Tensor) -> Tensor:
+    def finish(self, x: Tensor, attended: Tensor, decoding: int) -> Tensor:
         """Output projection, residual, MLP, residual (the residual stream in float32)."""
-        h = x + self.o(attended).float()
-        gate, up = self.gate_up(rms_norm(h, self.post_norm, self.eps)).chunk(2, dim=-1)
-        out: Tensor = h + self.down(functional.silu(gate) * up).float()
+        h = x + self.o(attended, decoding).float()
+        gate, up = self.gate_up(rms_norm(h, self.post_norm, self.eps), decoding).chunk(2, dim=-1)
+        out: Tensor = h + self.down(functional.silu(gate) * up, decoding).float()
         return out
 
 
@@ -289,12 +290,13 @@ class Decoder(nn.Module):
         (``segments``: slot, start, end)."""
         x = functional.embedding(tokens, self.embed).float()
         cos, sin = self.cos[positions][:, None, :], self.sin[positions][:, None, :]
+        decoding = 0 if mask is None else mask.shape[0]
         for i, layer in enumerate(self.typed_layers):
             keys, values = self.cache.layer(i)
-            q, k, v = layer.project(x, self.shape, cos, sin)
+            q, k, v = layer.project(x, self.shape, cos, sin, decoding)
             keys[slots, :, positions] = k
             values[slots, :, positions] = v
-            x = layer.finish(x, self._attend(q, keys, values, mask, segments))
+            x = layer.finish(x, self._attend(q, keys, values, mask, segments), decoding)
         return x
 
     def _attend(self, q: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None,

@@ -57,9 +57,18 @@ class Linear(nn.Module):
         self.scales_zeros = scales_zeros.to(torch.bfloat16)
         self.int4_rows = rows
 
-    def forward(self, x: Tensor) -> Tensor:
-        if self.int4 is not None and x.shape[0] <= self.int4_rows:
-            return self._int4(x)
+    def forward(self, x: Tensor, decoding: int = 0) -> Tensor:
+        """``decoding``: how many of the first rows are decoding rows. Where all rows are too many for
+        the 4-bit weights but those are not, they run on them apart from the rest (prompt chunks), so
+        that a step with chunks costs its decoding step plus its chunks, not more."""
+        if self.int4 is not None:
+            if x.shape[0] <= self.int4_rows:
+                return self._int4(x)
+            if 0 < decoding <= self.int4_rows:
+                return torch.cat((self._int4(x[:decoding]), self._dense(x[decoding:])))
+        return self._dense(x)
+
+    def _dense(self, x: Tensor) -> Tensor:
         x = x.to(self.weight.dtype)
         if self.prepacked is None or torch.compiler.is_compiling():  # a compiled graph takes plain weights
             return functional.linear(x, self.weight, self.bias)

@@ -195,6 +195,17 @@ def test_4_bit_weights_only_where_they_lose_nothing() -> None:
     assert error(packed) <= rounding < 0.1
     # weights off the grid (the same model before its rounding to 4 bits) are much further off
     assert error(Decoder(random_model(CONFIGS["llama"]), slots=2, positions=256)) > 3 * rounding
+    # a step whose rows are too many for the 4-bit products (two decoding rows and a prompt chunk,
+    # 4-bit up to two rows) still decodes its two rows on them, as a decoding-only step would
+    mixed = Decoder(model, slots=3, positions=256)
+    assert mixed.pack_int4(exact, rows=2, lossless_only=True)
+    with torch.inference_mode():
+        for slot in (0, 1):
+            mixed.run(StepPlan(chunks=[Chunk(slot, 0, prompt, True)]))
+        feeds = [Feed(slot, tokens[slot], len(prompt)) for slot in (0, 1)]
+        alone = mixed.run(StepPlan(feeds=feeds))
+        beside_chunk = mixed.run(StepPlan(feeds=feeds, chunks=[Chunk(2, 0, prompt, True)]))
+    assert torch.equal(beside_chunk[:2], alone)
     # weights off the grid: auto leaves them dense
     unpacked = Decoder(random_model(CONFIGS["llama"], torch.bfloat16), slots=2, positions=256)
     other = {name: w.detach().float() for name, w in random_model(CONFIGS["llama"]).named_parameters()}

@@ -32,8 +32,8 @@ logger = logging.getLogger(__name__)
 
 AHEAD = 2  # steps the model thread may run ahead of the event loop's delivery
 MAX_CHUNK = 512  # prompt tokens of one sequence per step (bounds a step's attention memory)
-MIN_CHUNK = 16
-FIRST_CHUNK = 64  # while the costs are not measured yet
+MIN_CHUNK = 4  # prompt tokens of a chunk beside decoding, at least (16 cost 2.4 decoding steps on a slow CPU)
+FIRST_CHUNK = 16  # while the costs are not measured yet
 STALL = 0.8  # prompt tokens per step while others decode: as many as cost this many decoding steps
 SMOOTHING = 0.2  # weight of the newest measurement in the running cost estimates
 
@@ -79,6 +79,7 @@ class Scheduler:
         self._free = list(range(model.slots))
         self._decode_seconds: float | None = None
         self._chunk_cost = ChunkCost()
+        self._last_chunked = FIRST_CHUNK  # prompt tokens of the last step with chunks beside decoding
         self._thread = threading.Thread(target=self._loop, name=f"engine-{name}", daemon=True)
 
     # --- called from the event loop -------------------------------------------------------------
@@ -196,15 +197,16 @@ class Scheduler:
         fitted = self._chunk_cost.fit()
         if self._decode_seconds is None or fitted is None:
             return FIRST_CHUNK
-        return chunk_budget(self._decode_seconds, *fitted)
+        # at most twice the last: a fit the machine's noise put off cannot stall everyone at once
+        return min(chunk_budget(self._decode_seconds, *fitted), 2 * self._last_chunked)
 
     def _measure(self, plan: StepPlan, seconds: float) -> None:
         prompt_tokens = sum(len(chunk.tokens) for chunk in plan.chunks)
         if not prompt_tokens:
             self._decode_seconds = _smoothed(self._decode_seconds, seconds)
-            return
-        decode = (self._decode_seconds or 0.0) if plan.feeds else 0.0
-        self._chunk_cost.add(prompt_tokens, max(seconds - decode, 1e-6))
+        elif plan.feeds:  # only chunks beside decoding: a prefill alone runs larger, cheaper products
+            self._chunk_cost.add(prompt_tokens, max(seconds - (self._decode_seconds or 0.0), 1e-6))
+            self._last_chunked = max(prompt_tokens, MIN_CHUNK)
 
     def _advance(self, run: _Running, token: int) -> Produced:
         run.count += 1
@@ -262,9 +264,9 @@ class ChunkCost:
             return None
         mean_x, mean_y = self._x / self._weight, self._y / self._weight
         spread = self._xx / self._weight - mean_x * mean_x
-        if spread <= (0.1 * mean_x) ** 2:  # chunks of about one size: no intercept to see
+        per_token = (self._xy / self._weight - mean_x * mean_y) / spread if spread > (0.1 * mean_x) ** 2 else 0.0
+        if per_token <= 0:  # chunks of about one size (no intercept to see), or noise hiding the slope
             return 0.0, max(mean_y / mean_x, 1e-9)
-        per_token = max((self._xy / self._weight - mean_x * mean_y) / spread, 1e-9)
         return max(0.0, mean_y - per_token * mean_x), per_token
 
 

@@ -58,15 +58,20 @@ class Linear(nn.Module):
         self.int4_rows = rows
 
     def forward(self, x: Tensor, decoding: int = 0) -> Tensor:
-        """``decoding``: how many of the first rows are decoding rows. Where all rows are too many for
-        the 4-bit weights but those are not, they run on them apart from the rest (prompt chunks), so
-        that a step with chunks costs its decoding step plus its chunks, not more."""
-        if self.int4 is not None:
-            if x.shape[0] <= self.int4_rows:
-                return self._int4(x)
-            if 0 < decoding <= self.int4_rows:
-                return torch.cat((self._int4(x[:decoding]), self._dense(x[decoding:])))
+        """``decoding``: how many of the first rows are decoding rows (the rest: prompt chunks). Where
+        all rows are too many for the 4-bit weights, each of the two parts runs on them if it is few
+        enough, so that a step with chunks costs its decoding step plus its chunks, no more, and a
+        small chunk does not read the dense weights."""
+        if self.int4 is None:
+            return self._dense(x)
+        if x.shape[0] <= self.int4_rows:
+            return self._int4(x)
+        if 0 < decoding < x.shape[0]:
+            return torch.cat((self._product(x[:decoding]), self._product(x[decoding:])))
         return self._dense(x)
+
+    def _product(self, x: Tensor) -> Tensor:
+        return self._int4(x) if x.shape[0] <= self.int4_rows else self._dense(x)
 
     def _dense(self, x: Tensor) -> Tensor:
         x = x.to(self.weight.dtype)

@@ -155,6 +155,20 @@ async def test_a_long_prompt_joins_in_chunks_between_decoding_steps(tiny: loader
     assert engine.model.cache.layer(0)[0] is keys
 
 
+def test_a_chunk_beside_decoding_grows_at_most_twofold(tiny: loader.LoadedModel) -> None:
+    engine = Engine(tiny)
+    try:
+        chosen = engine._scheduler
+        chosen._decode_seconds = 0.1
+        for tokens in (10, 10, 10):
+            chosen._chunk_cost.add(tokens, 1e-6)  # measured as free: the fit alone would take MAX_CHUNK
+        chosen._last_chunked = 10
+        assert chosen._chunk_budget(others_decode=True) == 20
+        assert chosen._chunk_budget(others_decode=False) == scheduler.MAX_CHUNK  # nobody to stall
+    finally:
+        engine.close()
+
+
 async def test_a_free_slot_is_taken_by_the_next_sequence(tiny: loader.LoadedModel) -> None:
     engine = Engine(tiny)
     plans = recording(engine)

@@ -22,6 +22,17 @@ def test_chunks_of_one_size_are_priced_per_token() -> None:
     assert cost.fit() == (0.0, pytest.approx(0.0005))
 
 
+def test_noise_that_hides_the_slope_leaves_a_price_per_token() -> None:
+    # a slow CPU: chunks of 5 to 17 tokens beside decoding, whose cost the machine's noise swamps
+    # (bigger chunks measured cheaper); a slope of nothing would let the next chunk be huge
+    cost = ChunkCost()
+    for tokens, seconds in ((5, 0.150), (9, 0.120), (13, 0.110), (17, 0.100)):
+        cost.add(tokens, seconds)
+    fitted = cost.fit()
+    assert fitted is not None and fitted[0] == 0.0 and fitted[1] > 0.005
+    assert chunk_budget(0.170, *fitted) < 32
+
+
 def test_newer_steps_weigh_more() -> None:
     cost = ChunkCost()
     for _ in range(30):

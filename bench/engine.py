@@ -55,27 +55,17 @@ class Timing:
         self.done.set()
 
 
-class Tokens(Timing):
-    """A sink that keeps the tokens."""
+class Arrivals(Timing):
+    """A sink that keeps each token and when it arrived."""
 
     def __init__(self) -> None:
         super().__init__()
         self.ids: list[int] = []
-
-    def on_token(self, seq: Generation, token: int) -> None:
-        super().on_token(seq, token)
-        self.ids.append(token)
-
-
-class Arrivals(Timing):
-    """A sink that notes when each token arrived."""
-
-    def __init__(self) -> None:
-        super().__init__()
         self.times: list[float] = []
 
     def on_token(self, seq: Generation, token: int) -> None:
         super().on_token(seq, token)
+        self.ids.append(token)
         self.times.append(time.perf_counter())
 
 
@@ -102,7 +92,7 @@ async def greedy_answer(loaded: loader.LoadedModel, prompt: list[int], tokens: i
     runner = asyncio.create_task(engine.run())
     try:
         await engine.ready()
-        sink = Tokens()
+        sink = Arrivals()
         engine.submit(Generation(prompt, tokens, RowSampler(SamplingParams()), loaded.card.stop_token_ids, sink))
         await sink.done.wait()
         return sink.ids

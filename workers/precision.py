@@ -21,6 +21,7 @@ import torch
 from torch.nn import functional
 
 from workers import weights
+from workers.decoder import PREFILL_ROWS
 
 logger = logging.getLogger(__name__)
 
@@ -118,7 +119,7 @@ def _product_seconds(dtype: torch.dtype, rows: int, rounds: int = 5) -> tuple[fl
     for _ in range(_LAYERS):
         dense = weights.Linear(torch.randn(_SHAPE, generator=generator).to(dtype))
         if weights.can_prepack(dtype):
-            dense.prepack(rows)
+            dense.prepack(PREFILL_ROWS)
         packed = weights.Linear(dense.weight.detach())
         packed.pack_int4(dense.weight.detach().float(), rows)
         layers.append((dense, packed))

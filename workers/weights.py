@@ -62,16 +62,12 @@ class Linear(nn.Module):
         all rows are too many for the 4-bit weights, each of the two parts runs on them if it is few
         enough, so that a step with chunks costs its decoding step plus its chunks, no more, and a
         small chunk does not read the dense weights."""
-        if self.int4 is None:
-            return self._dense(x)
-        if x.shape[0] <= self.int4_rows:
-            return self._int4(x)
-        if 0 < decoding < x.shape[0]:
+        if self.int4 is not None and self.int4_rows < x.shape[0] and 0 < decoding < x.shape[0]:
             return torch.cat((self._product(x[:decoding]), self._product(x[decoding:])))
-        return self._dense(x)
+        return self._product(x)
 
     def _product(self, x: Tensor) -> Tensor:
-        return self._int4(x) if x.shape[0] <= self.int4_rows else self._dense(x)
+        return self._int4(x) if self.int4 is not None and x.shape[0] <= self.int4_rows else self._dense(x)
 
     def _dense(self, x: Tensor) -> Tensor:
         x = x.to(self.weight.dtype)

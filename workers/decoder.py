@@ -27,13 +27,16 @@ from torch.nn import functional
 
 from workers.cudagraphs import StepGraphs
 from workers.kvslots import KvSlots, StepPlan
-from workers.weights import GROUP, Linear, frozen, on_int4_grid
+from workers.weights import GROUP, Linear, frozen, on_int4_grid, on_int8_grid
 
 logger = logging.getLogger(__name__)
 
 ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
 PREFILL_ROWS = 32  # the product size prepacked layers are laid out for
+REFINED = 16  # logits of each row computed again on the dense weights where the output layer is packed
 ATTENTION_BLOCK = 256  # with CUDA graphs, attention lengths are rounded up to this (fewer graphs)
+# a step's decoding rows: how many, how many columns of their slots they attend to, and which (None: all)
+Decoding = tuple[int, int, Tensor | None]
 
 
 def unsupported_reason(model: Any) -> str | None:
@@ -57,16 +60,18 @@ def unsupported_reason(model: Any) -> str | None:
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     """As transformers computes it: in float32, scaled in the model's dtype."""
+    if x.dtype == weight.dtype == torch.float32:  # one operator instead of seven, the same arithmetic
+        return functional.rms_norm(x, weight.shape, weight, eps)
     dtype = x.dtype
     x32 = x.float()
     x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
     return weight * x32.to(dtype)
 
 
-def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
+def rotate(x: Tensor, cos: Tensor, signed_sin: Tensor) -> Tensor:
+    """transformers' ``x * cos + rotate_half(x) * sin``, with ``rotate_half``'s negation moved into
+    the table (``signed_sin``: the first half's sines negated): two fewer operators."""
+    return x * cos + x.roll(x.shape[-1] // 2, -1) * signed_sin
 
 
 def _fused(*linears: Any) -> Linear:
@@ -105,18 +110,20 @@ class Layer(nn.Module):
         (``decoding``: how many of the first rows are decoding rows, ``weights.Linear``)."""
         heads, kv_heads, head_dim = shape
         qkv = self.qkv(rms_norm(x, self.input_norm, self.eps), decoding)
-        q, k, v = qkv.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
-        q, k, v = q.unflatten(-1, (heads, head_dim)), k.unflatten(-1, (kv_heads, head_dim)), \
-            v.unflatten(-1, (kv_heads, head_dim))
+        qk, v = qkv.split([(heads + kv_heads) * head_dim, kv_heads * head_dim], dim=-1)
+        qk, v = qk.unflatten(-1, (heads + kv_heads, head_dim)), v.unflatten(-1, (kv_heads, head_dim))
         if self.q_norm is not None and self.k_norm is not None:
-            q, k = rms_norm(q, self.q_norm, self.eps), rms_norm(k, self.k_norm, self.eps)
-        return rotate(q, cos, sin), rotate(k, cos, sin), v
+            q, k = qk.split([heads, kv_heads], dim=1)
+            return rotate(rms_norm(q, self.q_norm, self.eps), cos, sin), \
+                rotate(rms_norm(k, self.k_norm, self.eps), cos, sin), v
+        q, k = torch.split(rotate(qk, cos, sin), [heads, kv_heads], dim=1)  # queries and keys turn as one
+        return q, k, v
 
     def finish(self, x: Tensor, attended: Tensor, decoding: int) -> Tensor:
         """Output projection, residual, MLP, residual (the residual stream in float32)."""
-        h = x + self.o(attended, decoding).float()
+        h = x + self.o(attended, decoding, cast=False)  # the sum in float32 whatever the product's dtype
         gate, up = self.gate_up(rms_norm(h, self.post_norm, self.eps), decoding).chunk(2, dim=-1)
-        out: Tensor = h + self.down(functional.silu(gate) * up, decoding).float()
+        out: Tensor = h + self.down(functional.silu(gate) * up, decoding, cast=False)
         return out
 
 
@@ -175,7 +182,8 @@ class Decoder(nn.Module):
     def pack_int4(self, exact: dict[str, Tensor], rows: int, lossless_only: bool) -> bool:
         """Give the layers 4-bit copies of their weights for products of at most ``rows`` rows, from
         ``exact`` (the model's float32 weights by name); with ``lossless_only``, only if every weight
-        already is on a 4-bit grid per group (a model from a Q4 GGUF). Returns whether it packed."""
+        already is on a 4-bit grid per group (a model from a Q4 GGUF). The output layer is packed on its
+        own (``_pack_output``). Returns whether the layers were packed."""
         sources = []
         for i, layer in enumerate(self.typed_layers):
             attn, mlp = f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
@@ -185,6 +193,7 @@ class Decoder(nn.Module):
                 (layer.gate_up, torch.cat([exact[f"{mlp}{p}_proj.weight"] for p in ("gate", "up")])),
                 (layer.down, exact[f"{mlp}down_proj.weight"]),
             ]
+        self._pack_output(exact.get("lm_head.weight", exact["model.embed_tokens.weight"]), rows, lossless_only)
         if any(source.shape[1] % GROUP for _, source in sources):
             return False
         if lossless_only and not all(on_int4_grid(source) for _, source in sources):
@@ -192,6 +201,17 @@ class Decoder(nn.Module):
         for linear, source in sources:
             linear.pack_int4(source, rows)
         return True
+
+    def _pack_output(self, source: Tensor, rows: int, lossless_only: bool) -> None:
+        """The output layer on 4-bit or 8-bit groups, whichever holds its weights exactly (GGUF models
+        mostly keep it in Q8_0); without ``lossless_only``, on 8-bit groups. An 8-bit product costs
+        two 4-bit ones, so it pays up to half as many rows."""
+        if source.shape[1] % GROUP:
+            return
+        if on_int4_grid(source):
+            self.lm_head.pack_int4(source, rows)
+        elif not lossless_only or on_int8_grid(source):
+            self.lm_head.pack_int8(source, max(1, rows // 2))
 
     @property
     def vocab(self) -> int:
@@ -214,22 +234,35 @@ class Decoder(nn.Module):
                 return all_rows[:len(rows_wanted)]
             return all_rows[self._on_device(rows_wanted)]
         wanted = self._on_device(rows_wanted)
-        mask = self._mask(limits, length) if rows else None
         tokens_, positions_, slots_ = (self._on_device(array) for array in (tokens, positions, slots))
-        if self.compiled and mask is not None and not plan.chunks:
+        if self.compiled and rows and not plan.chunks:
             # the output layer inside the compiled step, for every row: as cheap as for some
-            every_row: Tensor = self._decode(tokens_, positions_, slots_, mask)
+            every_row: Tensor = self._decode(tokens_, positions_, slots_, self._mask(limits, length))
             return every_row[wanted]
+        # rows that all attend to every column of the step (one stream) need no mask
+        mask = None if (limits >= length - 1).all() else self._mask(limits, length)
         segments = tuple((chunk.slot, chunk.start, chunk.end) for chunk in plan.chunks)
-        hidden = self.forward(tokens_, positions_, slots_, mask, segments)
-        logits: Tensor = self.lm_head(rms_norm(hidden[wanted], self.norm, self.eps))
-        return logits
+        hidden = self.forward(tokens_, positions_, slots_, (rows, length, mask), segments)
+        return self._output(rms_norm(hidden[wanted], self.norm, self.eps), decoding=len(plan.feeds))
 
     def logits(self, tokens: Tensor, positions: Tensor, slots: Tensor, mask: Tensor) -> Tensor:
         """A decoding-only step's logits of every row (the step that is compiled)."""
-        hidden = self.forward(tokens, positions, slots, mask, ())
-        result: Tensor = self.lm_head(rms_norm(hidden, self.norm, self.eps))
-        return result
+        hidden = self.forward(tokens, positions, slots, (mask.shape[0], mask.shape[-1], mask), ())
+        return self._output(rms_norm(hidden, self.norm, self.eps), decoding=0)
+
+    def _output(self, hidden: Tensor, decoding: int) -> Tensor:
+        """Logits of the normed hidden states (``decoding``: how many of the first rows are decoding
+        rows). On packed output weights (``_pack_output``) the products are rounded to bfloat16, which
+        put SmolLM2's greedy text off the float32 model's within a few tokens where two candidates are
+        close; so the ``REFINED`` highest logits of each row are computed again on the dense weights:
+        the greedy choice is the dense model's unless more than that many tokens are within the
+        rounding (about 2**-8 of the logits) of the best."""
+        logits: Tensor = self.lm_head(hidden, decoding)
+        if self.lm_head.int4 is None:
+            return logits
+        top = logits.topk(REFINED, dim=-1, sorted=False).indices
+        exact = torch.matmul(self.lm_head.weight[top], hidden.to(self.lm_head.weight.dtype)[:, :, None])
+        return logits.scatter_(-1, top, exact[..., 0].to(logits.dtype))
 
     def _inputs(self, plan: StepPlan, rows: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Token, position and slot of each of the step's rows: the decoding rows (dummies at the
@@ -283,29 +316,28 @@ class Decoder(nn.Module):
     def _on_device(self, array: np.ndarray) -> Tensor:
         return torch.from_numpy(array).to(self.device, non_blocking=True)
 
-    def forward(self, tokens: Tensor, positions: Tensor, slots: Tensor, mask: Tensor | None,
+    def forward(self, tokens: Tensor, positions: Tensor, slots: Tensor, decoding: Decoding,
                 segments: tuple[tuple[int, int, int], ...]) -> Tensor:
         """Hidden states ``[N, hidden]`` (before the final norm) of a step's tokens: first one per
-        decoding row (row b is slot b; ``mask`` from ``_mask``), then the chunks
-        (``segments``: slot, start, end)."""
+        decoding row (row b is slot b; ``decoding``: how many rows, how many columns they attend to
+        and the mask of those, ``_mask``, or None for all), then the chunks (``segments``: slot,
+        start, end)."""
         x = functional.embedding(tokens, self.embed).float()
         cos, sin = self.cos[positions][:, None, :], self.sin[positions][:, None, :]
-        decoding = 0 if mask is None else mask.shape[0]
         for i, layer in enumerate(self.typed_layers):
             keys, values = self.cache.layer(i)
-            q, k, v = layer.project(x, self.shape, cos, sin, decoding)
+            q, k, v = layer.project(x, self.shape, cos, sin, decoding[0])
             keys[slots, :, positions] = k
             values[slots, :, positions] = v
-            x = layer.finish(x, self._attend(q, keys, values, mask, segments), decoding)
+            x = layer.finish(x, self._attend(q, keys, values, decoding, segments), decoding[0])
         return x
 
-    def _attend(self, q: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None,
+    def _attend(self, q: Tensor, keys: Tensor, values: Tensor, decoding: Decoding,
                 segments: tuple[tuple[int, int, int], ...]) -> Tensor:
         _, kv_heads, head_dim = self.shape
         parts = []
-        rows = 0
-        if mask is not None:
-            rows, length = mask.shape[0], mask.shape[-1]
+        rows, length, mask = decoding
+        if rows:
             # the queries that share a key head attend as one block: no repeated keys
             grouped = q[:rows].view(rows, kv_heads, self.group, head_dim)
             parts.append(functional.scaled_dot_product_attention(
@@ -324,9 +356,11 @@ class Decoder(nn.Module):
 
 
 def _rope_tables(rotary: Any, positions: int, dtype: torch.dtype, device: torch.device) -> tuple[Tensor, Tensor]:
-    """cos and sin of every position, computed as transformers' rotary embedding does."""
+    """cos and sin of every position, computed as transformers' rotary embedding does; the sines of
+    the first half negated (``rotate``)."""
     inv_freq = rotary.inv_freq.to(device=device, dtype=torch.float32)
     freqs = torch.arange(positions, device=device, dtype=torch.float32)[:, None] * inv_freq[None, :]
     angles = torch.cat((freqs, freqs), dim=-1)
     scale = getattr(rotary, "attention_scaling", 1.0)
-    return (angles.cos() * scale).to(dtype), (angles.sin() * scale).to(dtype)
+    signed_sin = torch.cat((-freqs.sin(), freqs.sin()), dim=-1)
+    return (angles.cos() * scale).to(dtype), (signed_sin * scale).to(dtype)

@@ -9,6 +9,10 @@
   the bytes of float32 weights and a quarter of bfloat16 ones. Its only vectorised path takes
   bfloat16 activations, scales and zero points, so a float32 model's decoding products run in
   bfloat16 too, their sums in float32.
+- 8-bit groups (``pack_int8``, CPU), as GGUF's Q8_0 holds them (codes -127..127 and a scale per
+  group): torch has no kernel for them, so each code is split into its two 4-bit halves and the
+  same 4-bit kernel runs one product over the inputs twice, the high halves' groups scaled by 16:
+  every weight comes back as its code times its (bfloat16) scale, and the sum is rounded once.
 """
 
 import torch
@@ -40,6 +44,12 @@ class Linear(nn.Module):
         self.int4: Tensor | None = None
         self.scales_zeros: Tensor | None = None
         self.int4_rows = 0
+        self.inputs_twice = False  # 8-bit groups: the inputs go in twice (``pack_int8``)
+
+    @property
+    def packing(self) -> str:
+        """What the decoding products run on, in words."""
+        return "dense weights" if self.int4 is None else "8-bit groups" if self.inputs_twice else "4-bit groups"
 
     def prepack(self, rows_hint: int) -> None:
         """Lay the weights out for the CPU's matrix library, for products of about ``rows_hint`` rows
@@ -57,17 +67,28 @@ class Linear(nn.Module):
         self.scales_zeros = scales_zeros.to(torch.bfloat16)
         self.int4_rows = rows
 
-    def forward(self, x: Tensor, decoding: int = 0) -> Tensor:
+    def pack_int8(self, source: Tensor, rows: int) -> None:
+        """8-bit groups of ``source`` (``int8_groups``) for products of at most ``rows`` rows."""
+        self.int4, scales_zeros = int8_groups(source)
+        self.scales_zeros = scales_zeros.to(torch.bfloat16)
+        self.int4_rows = rows
+        self.inputs_twice = True
+
+    def forward(self, x: Tensor, decoding: int = 0, cast: bool = True) -> Tensor:
         """``decoding``: how many of the first rows are decoding rows (the rest: prompt chunks). Where
         all rows are too many for the 4-bit weights, each of the two parts runs on them if it is few
         enough, so that a step with chunks costs its decoding step plus its chunks, no more, and a
-        small chunk does not read the dense weights."""
+        small chunk does not read the dense weights. ``cast``: in the weights' dtype; without it, a
+        4-bit product stays in bfloat16 (for a caller that adds it to a float32 sum anyway: one
+        operator fewer)."""
         if self.int4 is not None and self.int4_rows < x.shape[0] and 0 < decoding < x.shape[0]:
-            return torch.cat((self._product(x[:decoding]), self._product(x[decoding:])))
-        return self._product(x)
+            return torch.cat((self._product(x[:decoding], cast), self._product(x[decoding:], cast)))
+        return self._product(x, cast)
 
-    def _product(self, x: Tensor) -> Tensor:
-        return self._int4(x) if self.int4 is not None and x.shape[0] <= self.int4_rows else self._dense(x)
+    def _product(self, x: Tensor, cast: bool = True) -> Tensor:
+        if self.int4 is not None and x.shape[0] <= self.int4_rows:
+            return self._int4(x, cast)
+        return self._dense(x)
 
     def _dense(self, x: Tensor) -> Tensor:
         x = x.to(self.weight.dtype)
@@ -79,15 +100,21 @@ class Linear(nn.Module):
             y = torch.ops.mkl._mkl_linear(x, self.prepacked, self.weight, self.bias, self.rows_hint)
         return y
 
-    def _int4(self, x: Tensor) -> Tensor:
+    def _int4(self, x: Tensor, cast: bool) -> Tensor:
         assert self.int4 is not None and self.scales_zeros is not None
-        y = int4_product(x, self.int4, self.scales_zeros).to(self.weight.dtype)
+        y = int4_product(x, self.int4, self.scales_zeros, self.inputs_twice)
+        if cast:
+            y = y.to(self.weight.dtype)
         return y if self.bias is None else y + self.bias
 
 
-def int4_product(x: Tensor, codes: Tensor, scales_zeros: Tensor) -> Tensor:
-    """``x @ w.T`` of 4-bit weights (``int4_groups``, scales and zeros in bfloat16), in bfloat16."""
-    return torch._weight_int4pack_mm_for_cpu(x.to(torch.bfloat16), codes, GROUP, scales_zeros)
+def int4_product(x: Tensor, codes: Tensor, scales_zeros: Tensor, inputs_twice: bool = False) -> Tensor:
+    """``x @ w.T`` of 4-bit weights (``int4_groups``, scales and zeros in bfloat16; ``inputs_twice``:
+    8-bit groups, ``int8_groups``), in bfloat16."""
+    x = x.to(torch.bfloat16)
+    if inputs_twice:
+        x = torch.cat((x, x), dim=-1)
+    return torch._weight_int4pack_mm_for_cpu(x, codes, GROUP, scales_zeros)
 
 
 def on_int4_grid(weight: Tensor) -> bool:
@@ -97,6 +124,38 @@ def on_int4_grid(weight: Tensor) -> bool:
     rows, cols = weight.shape
     restored = (codes.view(rows, cols // GROUP, GROUP) - 8) * scale[..., None] + zero[..., None]
     return bool(torch.equal(restored.view(rows, cols), weight))
+
+
+def on_int8_grid(weight: Tensor) -> bool:
+    """Whether 8-bit groups (``int8_groups``) represent ``weight`` (float32) exactly."""
+    codes, scale = _quantize8(weight)
+    rows, cols = weight.shape
+    return bool(torch.equal((codes * scale[..., None]).view(rows, cols), weight))
+
+
+def int8_groups(weight: Tensor) -> tuple[Tensor, Tensor]:
+    """8-bit codes of each group of ``GROUP`` inputs as llama.cpp's Q8_0 quantises (``code * scale``,
+    codes -127..127), laid out for the 4-bit kernel over the inputs twice: ``code + 128 = 16 * high +
+    low``, the high halves in the first ``cols`` columns (scale ``16 * scale``, zero ``8 * scale``),
+    the low ones in the next (scale ``scale``, zero 0), so that the two add up to ``code * scale``
+    (each ``(half - 8) * scale + zero``). Returns the packed codes and ``[2 * groups, rows, 2]`` scales
+    and zeros (float32)."""
+    codes, scale = _quantize8(weight)
+    rows, cols = weight.shape
+    shifted = (codes + 128).view(rows, cols).to(torch.int32)
+    halves = torch.cat((shifted // 16, shifted % 16), dim=1)
+    scale = scale.transpose(0, 1)  # [groups, rows]
+    scales_zeros = torch.cat((torch.stack([16 * scale, 8 * scale], dim=-1),
+                              torch.stack([scale, torch.zeros_like(scale)], dim=-1))).contiguous()
+    return torch._convert_weight_to_int4pack_for_cpu(halves, 1), scales_zeros
+
+
+def _quantize8(weight: Tensor) -> tuple[Tensor, Tensor]:
+    """Codes -127..127 ``[rows, groups, GROUP]`` (float32) and each group's scale ``[rows, groups]``."""
+    rows, cols = weight.shape
+    groups = weight.float().view(rows, cols // GROUP, GROUP)
+    scale = (groups.abs().amax(-1) / 127).clamp(min=torch.finfo(torch.float32).tiny)
+    return (groups / scale[..., None]).round().clamp(-127, 127), scale
 
 
 def int4_groups(weight: Tensor) -> tuple[Tensor, Tensor]:

@@ -17,12 +17,12 @@ from lmsp_core.requests.catalog import TINY_RANDOM
 from lmsp_core.settings import load_settings
 from tests.e2e.test_engine import Collector
 from workers import loader, precision, scheduler
-from workers.decoder import Decoder, unsupported_reason
+from workers.decoder import REFINED, Decoder, unsupported_reason
 from workers.engine import Engine, Finish, Generation
 from workers.hfslots import HfSlots
 from workers.kvslots import Chunk, Feed, StepPlan
 from workers.sampling import RowSampler, SamplingParams
-from workers.weights import on_int4_grid
+from workers.weights import int4_product, int8_groups, on_int4_grid, on_int8_grid
 
 SMALL = {"vocab_size": 512, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
          "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 256,
@@ -219,12 +219,59 @@ def test_4_bit_weights_only_where_they_lose_nothing() -> None:
         feeds = [Feed(slot, tokens[slot], len(prompt)) for slot in (0, 1)]
         alone = mixed.run(StepPlan(feeds=feeds))
         beside_chunk = mixed.run(StepPlan(feeds=feeds, chunks=[Chunk(2, 0, prompt, True)]))
-    assert torch.equal(beside_chunk[:2], alone)
+    # equal but for the dense output layer's float32 sums, whose order MKL picks by the row count
+    # (2 rows alone, 3 beside the chunk) on some CPUs; the dense products would be ~1e-3 off
+    torch.testing.assert_close(beside_chunk[:2], alone, rtol=1e-6, atol=1e-5)
     # weights off the grid: auto leaves them dense
     unpacked = Decoder(random_model(CONFIGS["llama"], torch.bfloat16), slots=2, positions=256)
     other = {name: w.detach().float() for name, w in random_model(CONFIGS["llama"]).named_parameters()}
     assert not unpacked.pack_int4(other, rows=4, lossless_only=True)
     assert unpacked.typed_layers[0].qkv.int4 is None
+
+
+def test_an_output_layer_in_8_bits_runs_on_8_bit_groups() -> None:
+    """GGUF models keep the output layer in Q8_0 (a code -127..127 per weight, a float16 scale per
+    32): the decoding steps run it on those codes, as close to the exact logits as the 4-bit layers
+    are; an output layer on no such grid stays dense unless the spec asks for lossy packing."""
+    model = random_model(CONFIGS["llama"])
+    with torch.no_grad():
+        groups = model.lm_head.weight.view(model.lm_head.weight.shape[0], -1, 32)
+        scale = (groups.abs().amax(-1, keepdim=True) / 127).half().float()
+        q8 = (groups / scale).round().clamp(-127, 127)
+        groups.copy_(q8 * scale)
+    exact = {name: weight.detach().clone() for name, weight in model.named_parameters() if weight.dim() == 2}
+    assert on_int8_grid(exact["lm_head.weight"]) and not on_int4_grid(exact["lm_head.weight"])
+    codes, scales_zeros = int8_groups(exact["lm_head.weight"])
+    x = torch.randn(3, 64, generator=torch.Generator().manual_seed(0))
+    product = int4_product(x, codes, scales_zeros.to(torch.bfloat16), inputs_twice=True).float()
+    # every weight back as its code times its scale rounded to bfloat16; the inputs and the sum in bfloat16
+    scale_bf16 = scale.to(torch.bfloat16).float()
+    weights_bf16 = (q8 * scale_bf16).view(-1, 64)
+    torch.testing.assert_close(product, x.to(torch.bfloat16).float() @ weights_bf16.T, rtol=2 ** -8, atol=1e-3)
+
+    prompt, dense = list(range(10, 30)), Decoder(model, slots=2, positions=256)
+    tokens = decode_greedy(dense, prompt, 16)
+    expected = forced_logits(dense, prompt, tokens)
+    packed = Decoder(model, slots=2, positions=256)
+    packed.pack_int4(exact, rows=4, lossless_only=True)  # the layers are off their grid: only the output
+    assert packed.lm_head.inputs_twice and packed.lm_head.int4_rows == 2  # an 8-bit product costs two
+    assert packed.typed_layers[0].qkv.int4 is None
+    got = forced_logits(packed, prompt, tokens)
+    error = float((got - expected).norm() / expected.norm())
+    in_bfloat16 = Decoder(copy.deepcopy(model).to(torch.bfloat16), slots=2, positions=256)
+    assert 0 < error <= float((forced_logits(in_bfloat16, prompt, tokens) - expected).norm() / expected.norm())
+    # each row's highest logits are computed again on the dense weights: exactly the dense model's
+    top = expected.topk(REFINED // 2, dim=-1).indices
+    torch.testing.assert_close(got.gather(-1, top), expected.gather(-1, top), rtol=0, atol=1e-5)
+    assert decode_greedy(packed, prompt, 16) == tokens
+    # off the grid: dense with lossless_only, 8-bit groups otherwise
+    other = {name: w.detach().float() for name, w in random_model(CONFIGS["llama"]).named_parameters()}
+    auto = Decoder(random_model(CONFIGS["llama"]), slots=2, positions=256)
+    auto.pack_int4(other, rows=4, lossless_only=True)
+    assert auto.lm_head.int4 is None
+    lossy = Decoder(random_model(CONFIGS["llama"]), slots=2, positions=256)
+    lossy.pack_int4(other, rows=4, lossless_only=False)
+    assert lossy.lm_head.inputs_twice
 
 
 def test_the_cpu_precision_is_measured_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -27,7 +27,7 @@ from torch.nn import functional
 
 from workers.cudagraphs import StepGraphs
 from workers.kvslots import KvSlots, StepPlan
-from workers.weights import GROUP, Linear, frozen, on_int4_grid, on_int8_grid
+from workers.weights import GROUP, Linear, frozen, int8_codes, on_int4_grid, on_int8_grid
 
 logger = logging.getLogger(__name__)
 
@@ -94,8 +94,10 @@ class Layer(nn.Module):
         super().__init__()
         attn, mlp = hf_layer.self_attn, hf_layer.mlp
         self.eps = eps
-        self.input_norm = frozen(hf_layer.input_layernorm.weight)
-        self.post_norm = frozen(hf_layer.post_attention_layernorm.weight)
+        # norms of the float32 residual in float32 whatever the weights' dtype: one fused operator,
+        # rounded once (by the product that takes them) instead of twice
+        self.input_norm = frozen(hf_layer.input_layernorm.weight.float())
+        self.post_norm = frozen(hf_layer.post_attention_layernorm.weight.float())
         self.qkv = _fused(attn.q_proj, attn.k_proj, attn.v_proj)
         self.o = Linear(attn.o_proj.weight, attn.o_proj.bias)
         q_norm, k_norm = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)
@@ -148,8 +150,11 @@ class Decoder(nn.Module):
         self.embed = frozen(base.embed_tokens.weight)
         self.layers = nn.ModuleList(Layer(layer, config.rms_norm_eps) for layer in base.layers)
         self.typed_layers: list[Layer] = list(self.layers)  # type: ignore[arg-type]
-        self.norm = frozen(base.norm.weight)
+        self.norm = frozen(base.norm.weight.float())
         self.lm_head = Linear(model.lm_head.weight)
+        # the output layer's exact weights where its dense copy is rounded (a bfloat16 model): its
+        # 8-bit codes and their scales, or its float32 weights (``_exact_rows``)
+        self._exact_output: tuple[Tensor, Tensor | None] | None = None
         dtype, device = self.embed.dtype, self.embed.device
         self.device = device
         self.cache = KvSlots(len(self.layers), slots, kv_heads, positions, head_dim, dtype, device)
@@ -179,11 +184,12 @@ class Decoder(nn.Module):
                 linear.prepack(PREFILL_ROWS)
         self.lm_head.prepack(1)
 
-    def pack_int4(self, exact: dict[str, Tensor], rows: int, lossless_only: bool) -> bool:
+    def pack_int4(self, exact: dict[str, Tensor], rows: int, lossless_only: bool, merge_rows: int = 0) -> bool:
         """Give the layers 4-bit copies of their weights for products of at most ``rows`` rows, from
         ``exact`` (the model's float32 weights by name); with ``lossless_only``, only if every weight
-        already is on a 4-bit grid per group (a model from a Q4 GGUF). The output layer is packed on its
-        own (``_pack_output``). Returns whether the layers were packed."""
+        already is on a 4-bit grid per group (a model from a Q4 GGUF); a dense product of prompt rows
+        takes up to ``merge_rows`` decoding rows along (``weights.Linear``). The output layer is packed
+        on its own (``_pack_output``). Returns whether the layers were packed."""
         sources = []
         for i, layer in enumerate(self.typed_layers):
             attn, mlp = f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
@@ -199,7 +205,7 @@ class Decoder(nn.Module):
         if lossless_only and not all(on_int4_grid(source) for _, source in sources):
             return False
         for linear, source in sources:
-            linear.pack_int4(source, rows)
+            linear.pack_int4(source, rows, merge_rows)
         return True
 
     def _pack_output(self, source: Tensor, rows: int, lossless_only: bool) -> None:
@@ -212,6 +218,11 @@ class Decoder(nn.Module):
             self.lm_head.pack_int4(source, rows)
         elif not lossless_only or on_int8_grid(source):
             self.lm_head.pack_int8(source, max(1, rows // 2))
+        else:
+            return
+        if self.lm_head.weight.dtype != torch.float32:  # a rounded dense copy: refine on the exact weights
+            on_codes = self.lm_head.inputs_twice and on_int8_grid(source)
+            self._exact_output = int8_codes(source) if on_codes else (source, None)
 
     @property
     def vocab(self) -> int:
@@ -260,9 +271,22 @@ class Decoder(nn.Module):
         logits: Tensor = self.lm_head(hidden, decoding)
         if self.lm_head.int4 is None:
             return logits
+        logits = logits.float()
         top = logits.topk(REFINED, dim=-1, sorted=False).indices
-        exact = torch.matmul(self.lm_head.weight[top], hidden.to(self.lm_head.weight.dtype)[:, :, None])
-        return logits.scatter_(-1, top, exact[..., 0].to(logits.dtype))
+        exact = torch.matmul(self._exact_rows(top), hidden.float()[:, :, None])
+        return logits.scatter_(-1, top, exact[..., 0])
+
+    def _exact_rows(self, top: Tensor) -> Tensor:
+        """The output layer's weights of the rows ``top`` in float32, exactly as the model holds them
+        (a bfloat16 copy would round the refined logits again)."""
+        if self._exact_output is None:
+            return self.lm_head.weight[top].float()
+        weights, scales = self._exact_output
+        if scales is None:
+            return weights[top]
+        codes = weights[top].view(*top.shape, -1, GROUP).float()
+        rows: Tensor = (codes * scales[top][..., None]).flatten(-2)
+        return rows
 
     def _inputs(self, plan: StepPlan, rows: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Token, position and slot of each of the step's rows: the decoding rows (dummies at the

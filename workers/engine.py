@@ -38,7 +38,8 @@ def slot_model(loaded: LoadedModel, compile: bool) -> SlotModel:
     if reason is None:
         decoder = Decoder(loaded.model, spec.max_batch_size, spec.context_window, compile=compile)
         if loaded.exact_weights:
-            packed = decoder.pack_int4(loaded.exact_weights, loaded.int4_rows, lossless_only=spec.weights == "auto")
+            packed = decoder.pack_int4(loaded.exact_weights, loaded.int4_rows, lossless_only=spec.weights == "auto",
+                                       merge_rows=loaded.merge_rows)
             logger.info("model %s: decoding on %s weights, the output layer on %s", spec.id,
                         "4-bit" if packed else "dense", decoder.lm_head.packing)
             loaded.exact_weights.clear()

@@ -43,6 +43,8 @@ class LoadedModel:
     exact_weights: dict[str, torch.Tensor] = field(default_factory=dict)
     # decoding products of up to this many rows run on 4-bit weights where they pack (0: none)
     int4_rows: int = 0
+    # a dense product of prompt rows takes up to this many decoding rows along (``precision.merge_rows``)
+    merge_rows: int = 0
 
     @property
     def dtype(self) -> torch.dtype:
@@ -98,7 +100,8 @@ def load(spec: ModelSpec, cache_dir: Path) -> LoadedModel:
         cast_weights(model, dtype)
     tokenizer = AutoTokenizer.from_pretrained(path)
     card = make_card(spec, tokenizer, model.generation_config.eos_token_id)
-    return LoadedModel(spec, model, card, device, exact_weights, int4_rows)
+    return LoadedModel(spec, model, card, device, exact_weights, int4_rows,
+                       precision.merge_rows(cache_dir, dtype, int4_rows))
 
 
 def cast_weights(model: Any, dtype: torch.dtype) -> None:

@@ -8,13 +8,16 @@ and kept in the model cache, so later starts read it.
 
 The same goes for 4-bit weights (``weights.pack_int4``): up to how many rows a product on them beats
 the dense weights in the model's dtype depends on the chip (its memory bandwidth against its
-arithmetic), so it is measured once as well (``int4_rows``).
+arithmetic), so it is measured once as well (``int4_rows``), and so is whether a prompt chunk's dense
+product should take a step's decoding rows along rather than leave them to a 4-bit pass of their own
+(``merge_rows``).
 """
 
 import json
 import logging
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -32,6 +35,7 @@ _ROWS = (1, 16)
 _SHAPE = (2048, 1024)
 _LAYERS = 8
 _INT4_ROWS = (1, 2, 4, 8, 16, 32)
+MERGE_CHUNK = 32  # prompt tokens of the chunk that ``merge_rows`` is measured beside
 
 
 def cpu_signature() -> str:
@@ -52,19 +56,15 @@ def cpu_signature() -> str:
 
 def cpu_dtype(cache_dir: Path) -> torch.dtype:
     """The faster of float32 and bfloat16 on this CPU (measured once, then read from the cache)."""
-    path = cache_dir / "precision.json"
-    signature = cpu_signature()
-    try:
-        known: dict[str, str] = json.loads(path.read_text())
-    except (OSError, ValueError):
-        known = {}
-    if signature not in known:
+
+    def measure() -> str:
         fp32, bf16 = _seconds(torch.float32), _seconds(torch.bfloat16)
-        known[signature] = "bfloat16" if bf16 * GAIN_NEEDED < fp32 else "float32"
+        choice = "bfloat16" if bf16 * GAIN_NEEDED < fp32 else "float32"
         logger.info("CPU matrix products: float32 %.1f ms, bfloat16 %.1f ms: %s on %s", fp32 * 1e3, bf16 * 1e3,
-                    known[signature], signature)
-        _write(path, known)
-    return torch.bfloat16 if known[signature] == "bfloat16" else torch.float32
+                    choice, cpu_signature())
+        return choice
+
+    return torch.bfloat16 if _cached(cache_dir, cpu_signature(), measure) == "bfloat16" else torch.float32
 
 
 def int4_rows(cache_dir: Path, dtype: torch.dtype) -> int:
@@ -72,23 +72,60 @@ def int4_rows(cache_dir: Path, dtype: torch.dtype) -> int:
     the decoder lays them out (0: never; measured once per CPU and dtype, then read from the cache)."""
     if not hasattr(torch, "_weight_int4pack_mm_for_cpu"):
         return 0
+
+    def measure() -> str:
+        rows = _most_rows(_INT4_ROWS, lambda count: _product_seconds(dtype, count))
+        logger.info("4-bit weights pay for products of up to %d rows on %s", rows, cpu_signature())
+        return str(rows)
+
+    return int(_cached(cache_dir, f"{cpu_signature()} int4 vs {_name(dtype)}", measure))
+
+
+def merge_rows(cache_dir: Path, dtype: torch.dtype, packed_rows: int) -> int:
+    """The most decoding rows that a dense product of a prompt chunk (``weights.Linear``) takes along
+    for less than a 4-bit product of those rows alone costs (0: never; measured once per CPU and dtype
+    for a chunk of ``MERGE_CHUNK`` rows, then read from the cache). Where the dense product is bound by
+    reading the weights (bfloat16 on AMX), a few more rows are nearly free; where it is bound by its
+    arithmetic (float32 on AVX2), the 4-bit pass is cheaper."""
+    if not packed_rows:
+        return 0
+
+    def measure() -> str:
+        counts = tuple(count for count in _INT4_ROWS if count <= packed_rows)
+        rows = _most_rows(counts, lambda count: _merge_seconds(dtype, count)[::-1])
+        logger.info("a dense chunk product takes up to %d decoding rows along on %s", rows, cpu_signature())
+        return str(rows)
+
+    return min(packed_rows, int(_cached(cache_dir, f"{cpu_signature()} merge vs {_name(dtype)}", measure)))
+
+
+def _most_rows(counts: tuple[int, ...], seconds: Callable[[int], tuple[float, float]]) -> int:
+    """The largest of the rising ``counts`` up to which the second way (``seconds(count)``: the first
+    way's time, the second's) is the faster one (0: not even at the first)."""
+    rows = 0
+    for count in counts:
+        first, second = seconds(count)
+        if second >= first:
+            break
+        rows = count
+    return rows
+
+
+def _name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _cached(cache_dir: Path, signature: str, measure: Callable[[], str]) -> str:
+    """What ``measure`` found for ``signature``, measured once and kept in ``precision.json``."""
     path = cache_dir / "precision.json"
-    signature = f"{cpu_signature()} int4 vs {str(dtype).removeprefix('torch.')}"
     try:
         known: dict[str, str] = json.loads(path.read_text())
     except (OSError, ValueError):
         known = {}
     if signature not in known:
-        rows = 0
-        for count in _INT4_ROWS:
-            dense, packed = _product_seconds(dtype, count)
-            if packed >= dense:
-                break
-            rows = count
-        known[signature] = str(rows)
-        logger.info("4-bit weights pay for products of up to %d rows on %s", rows, signature)
+        known[signature] = measure()
         _write(path, known)
-    return int(known[signature])
+    return known[signature]
 
 
 def _seconds(dtype: torch.dtype, rounds: int = 5) -> float:
@@ -111,9 +148,9 @@ def _seconds(dtype: torch.dtype, rounds: int = 5) -> float:
     return best
 
 
-def _product_seconds(dtype: torch.dtype, rows: int, rounds: int = 5) -> tuple[float, float]:
-    """CPU time of ``rows``-row products through dense (prepacked where the decoder prepacks) and
-    4-bit layers of the same shape."""
+def _layers(dtype: torch.dtype, packed_rows: int) -> list[tuple[weights.Linear, weights.Linear]]:
+    """``_LAYERS`` layers of ``_SHAPE``, each dense (prepacked where the decoder prepacks) and on 4-bit
+    groups (for products of up to ``packed_rows`` rows)."""
     generator = torch.Generator().manual_seed(0)
     layers = []
     for _ in range(_LAYERS):
@@ -121,18 +158,43 @@ def _product_seconds(dtype: torch.dtype, rows: int, rounds: int = 5) -> tuple[fl
         if weights.can_prepack(dtype):
             dense.prepack(PREFILL_ROWS)
         packed = weights.Linear(dense.weight.detach())
-        packed.pack_int4(dense.weight.detach().float(), rows)
+        packed.pack_int4(dense.weight.detach().float(), packed_rows)
         layers.append((dense, packed))
-    x = torch.randn((rows, _SHAPE[1]), generator=generator).to(dtype)
-    best = [float("inf"), float("inf")]
+    return layers
+
+
+def _best_of(rounds: int, *runs: Callable[[], object]) -> list[float]:
+    """Each run's least CPU time of ``rounds`` (the thread's own time: other processes do not count)."""
+    best = [float("inf")] * len(runs)
     with torch.inference_mode():
         for _ in range(rounds):
-            for kind in (0, 1):
+            for i, run in enumerate(runs):
                 started = time.thread_time()
-                for layer in layers:
-                    layer[kind](x)
-                best[kind] = min(best[kind], time.thread_time() - started)
-    return best[0], best[1]
+                run()
+                best[i] = min(best[i], time.thread_time() - started)
+    return best
+
+
+def _product_seconds(dtype: torch.dtype, rows: int, rounds: int = 5) -> tuple[float, float]:
+    """CPU time of ``rows``-row products through dense and 4-bit layers of the same shape."""
+    layers = _layers(dtype, rows)
+    x = torch.randn((rows, _SHAPE[1]), generator=torch.Generator().manual_seed(1)).to(dtype)
+    dense, packed = _best_of(rounds, lambda: [layer[0](x) for layer in layers],
+                             lambda: [layer[1](x) for layer in layers])
+    return dense, packed
+
+
+def _merge_seconds(dtype: torch.dtype, rows: int, rounds: int = 5) -> tuple[float, float]:
+    """CPU time of a ``MERGE_CHUNK``-row chunk's dense products with ``rows`` decoding rows along, and
+    of the chunk's dense products beside the decoding rows' own 4-bit ones."""
+    layers = _layers(dtype, rows)
+    generator = torch.Generator().manual_seed(1)
+    chunk = torch.randn((MERGE_CHUNK, _SHAPE[1]), generator=generator).to(dtype)
+    decoding = torch.randn((rows, _SHAPE[1]), generator=generator).to(dtype)
+    both = torch.cat((decoding, chunk))
+    merged, apart = _best_of(rounds, lambda: [layer[0](both) for layer in layers],
+                             lambda: [(layer[1](decoding), layer[0](chunk)) for layer in layers])
+    return merged, apart
 
 
 def _write(path: Path, known: dict[str, str]) -> None:

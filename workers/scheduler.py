@@ -3,9 +3,9 @@
 A step: sequences asked to stop leave (their slots are free at once), waiting sequences take free
 slots, every decoding sequence gets its next token, and joining sequences' prompts go in as chunks
 in the same model call. While others decode, a step takes only as many prompt tokens as cost about
-``STALL`` decoding steps (measured as it runs: ``ChunkCost``), so a long prompt joins over several steps instead
-of stalling everyone for its whole length; a sequence whose prompt is complete gets its first
-token from its last chunk.
+``STALL`` decoding steps (measured as it runs, attention deep in a prompt included: ``ChunkCost``),
+so a long prompt joins over several steps instead of stalling everyone for its whole length; a
+sequence whose prompt is complete gets its first token from its last chunk.
 
 The thread runs steps back to back and hands each step's tokens to the event loop, at most
 ``AHEAD`` steps ahead of it: the next step is under way while the events of the last one are
@@ -16,12 +16,14 @@ a sequence after it asked it to stop.
 
 import heapq
 import logging
+import math
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from workers.generation import Finish, Generation
@@ -32,9 +34,10 @@ logger = logging.getLogger(__name__)
 
 AHEAD = 2  # steps the model thread may run ahead of the event loop's delivery
 MAX_CHUNK = 512  # prompt tokens of one sequence per step (bounds a step's attention memory)
+PREFILL_TOKENS = 2048  # prompt tokens of a step while nobody decodes (a burst of prompts goes in at once)
 MIN_CHUNK = 4  # prompt tokens of a chunk beside decoding, at least (16 cost 2.4 decoding steps on a slow CPU)
 FIRST_CHUNK = 16  # while the costs are not measured yet
-STALL = 0.8  # prompt tokens per step while others decode: as many as cost this many decoding steps
+STALL = 0.6  # prompt tokens per step while others decode: as many as cost this many decoding steps
 SMOOTHING = 0.2  # weight of the newest measurement in the running cost estimates
 
 
@@ -180,32 +183,38 @@ class Scheduler:
 
     def _chunked(self, decoding: list[_Running]) -> list[tuple[_Running, Chunk]]:
         """This step's prompt chunks, oldest sequence first, within the step's budget."""
-        budget = self._chunk_budget(bool(decoding))
+        joining = [run for run in self._running.values() if not run.decoding]
+        if not joining:
+            return []
+        budget = self._chunk_budget(bool(decoding), joining[0].filled)
         chunked = []
-        for run in self._running.values():
-            if run.decoding or budget <= 0:
-                continue
+        for run in joining:
+            if budget <= 0:
+                break
             size = min(budget, MAX_CHUNK, len(run.context) - run.filled)
             end = run.filled + size
             chunked.append((run, Chunk(run.slot, run.filled, run.context[run.filled:end], end == len(run.context))))
             budget -= size
         return chunked
 
-    def _chunk_budget(self, others_decode: bool) -> int:
+    def _chunk_budget(self, others_decode: bool, start: int) -> int:
+        """Prompt tokens for this step, the first chunk starting at ``start``."""
         if not others_decode:
-            return MAX_CHUNK
-        fitted = self._chunk_cost.fit()
-        if self._decode_seconds is None or fitted is None:
+            return PREFILL_TOKENS
+        price = self._chunk_cost.fit()
+        if self._decode_seconds is None or price is None:
             return FIRST_CHUNK
-        # at most twice the last: a fit the machine's noise put off cannot stall everyone at once
-        return min(chunk_budget(self._decode_seconds, *fitted), 2 * self._last_chunked)
+        # at most 1.5 times the last: a fit the machine's noise put off (or a product whose cost
+        # jumps at some row count, as oneDNN's do) cannot stall everyone at once
+        return min(chunk_budget(self._decode_seconds, price, start), self._last_chunked * 3 // 2)
 
     def _measure(self, plan: StepPlan, seconds: float) -> None:
         prompt_tokens = sum(len(chunk.tokens) for chunk in plan.chunks)
         if not prompt_tokens:
             self._decode_seconds = _smoothed(self._decode_seconds, seconds)
         elif plan.feeds:  # only chunks beside decoding: a prefill alone runs larger, cheaper products
-            self._chunk_cost.add(prompt_tokens, max(seconds - (self._decode_seconds or 0.0), 1e-6))
+            pairs = sum(len(chunk.tokens) * chunk.end for chunk in plan.chunks)
+            self._chunk_cost.add(prompt_tokens, pairs, max(seconds - (self._decode_seconds or 0.0), 1e-6))
             self._last_chunked = max(prompt_tokens, MIN_CHUNK)
 
     def _advance(self, run: _Running, token: int) -> Produced:
@@ -237,37 +246,75 @@ class Scheduler:
         heapq.heappush(self._free, run.slot)
 
 
-def chunk_budget(decode_seconds: float, fixed: float, per_token: float) -> int:
-    """Prompt tokens for a step while others decode: as many as cost ``STALL`` decoding steps; where
-    chunks cost a fixed price beyond that anyway, as many as cost that price again (fewer, larger
-    stalls rather than many small ones)."""
-    spend = max(STALL * decode_seconds - fixed, fixed)
-    return max(MIN_CHUNK, min(MAX_CHUNK, int(spend / per_token)))
+@dataclass(frozen=True)
+class Price:
+    """What prompt chunks add to a step: ``fixed + per_token * tokens + per_position * pairs`` seconds,
+    ``pairs`` being the query-key pairs of their attention (each chunk's tokens times the position
+    after its last one): the attention of a chunk deep in a long prompt costs more per token than
+    one near its start (on a CPU, about as much as the products at 1,500 positions)."""
+
+    fixed: float
+    per_token: float
+    per_position: float = 0.0
+
+
+def chunk_budget(decode_seconds: float, price: Price, start: int = 0) -> int:
+    """Prompt tokens for a step while others decode, for a chunk from position ``start``: as many as
+    cost ``STALL`` decoding steps; where chunks cost a fixed price beyond that anyway, as many as cost
+    that price again (fewer, larger stalls rather than many small ones)."""
+    spend = max(STALL * decode_seconds - price.fixed, price.fixed)
+    # the most tokens n with n * (per_token + per_position * (start + n)) <= spend
+    linear = price.per_token + price.per_position * start
+    if price.per_position > 0:
+        tokens = (math.sqrt(linear * linear + 4 * price.per_position * spend) - linear) / (2 * price.per_position)
+    else:
+        tokens = spend / linear
+    return max(MIN_CHUNK, min(MAX_CHUNK, int(tokens + 1e-9)))  # 1e-9: a budget met exactly, in floats
 
 
 class ChunkCost:
-    """What prompt tokens add to a step, fitted as ``fixed + per_token * tokens`` over the recent
-    steps (least squares, older steps weighing less). ``fixed`` matters where a step with chunks
-    runs slower machinery than a decoding-only one (an eager pass beside a CUDA graph)."""
+    """What prompt chunks add to a step (``Price``), fitted by least squares over the recent steps,
+    older steps weighing less. ``fixed`` matters where a step with chunks runs slower machinery than
+    a decoding-only one (an eager pass beside a CUDA graph, a dense product beside 4-bit ones); each
+    term is fitted only where the steps tell it apart (chunk sizes that vary for ``fixed``, positions
+    that vary for ``per_position``), and a fit that noise made negative falls back to fewer terms."""
+
+    _TERMS = ((0, 1, 2), (0, 1), (1, 2), (1,))  # of (fixed, per_token, per_position), most first
 
     def __init__(self) -> None:
-        self._weight = self._x = self._y = self._xx = self._xy = 0.0
+        self._sums = np.zeros((4, 4))  # weighted sums of the products of (1, tokens, pairs, seconds)
 
-    def add(self, tokens: int, seconds: float) -> None:
-        keep = 1 - SMOOTHING
-        self._weight, self._x, self._y = keep * self._weight + 1, keep * self._x + tokens, keep * self._y + seconds
-        self._xx, self._xy = keep * self._xx + tokens * tokens, keep * self._xy + tokens * seconds
+    def add(self, tokens: int, pairs: int, seconds: float) -> None:
+        row = np.array([1.0, tokens, pairs, seconds])
+        self._sums = (1 - SMOOTHING) * self._sums + np.outer(row, row)
 
-    def fit(self) -> tuple[float, float] | None:
-        """``(fixed, per_token)`` seconds, or None before the first measurement."""
-        if not self._weight:
+    def fit(self) -> Price | None:
+        """The price, or None before the first measurement."""
+        weight = self._sums[0, 0]
+        if not weight:
             return None
-        mean_x, mean_y = self._x / self._weight, self._y / self._weight
-        spread = self._xx / self._weight - mean_x * mean_x
-        per_token = (self._xy / self._weight - mean_x * mean_y) / spread if spread > (0.1 * mean_x) ** 2 else 0.0
-        if per_token <= 0:  # chunks of about one size (no intercept to see), or noise hiding the slope
-            return 0.0, max(mean_y / mean_x, 1e-9)
-        return max(0.0, mean_y - per_token * mean_x), per_token
+        mean = self._sums[0] / weight
+        sizes_vary = self._sums[1, 1] / weight - mean[1] ** 2 > (0.1 * mean[1]) ** 2
+        for terms in self._TERMS:
+            if 0 in terms and not sizes_vary:
+                continue  # chunks of about one size: no intercept to see
+            coefficients = self._solve(terms)
+            if coefficients is not None and min(coefficients) >= 0 and coefficients[terms.index(1)] > 0:
+                price = dict(zip(terms, coefficients, strict=True))
+                return Price(price.get(0, 0.0), price[1], price.get(2, 0.0))
+        return Price(0.0, max(mean[3] / mean[1], 1e-9))  # noise hiding every slope: the mean price
+
+    def _solve(self, terms: tuple[int, ...]) -> list[float] | None:
+        index = list(terms)
+        normal = self._sums[np.ix_(index, index)]
+        scale = np.sqrt(np.diag(normal))
+        if not scale.all():
+            return None
+        scaled = normal / np.outer(scale, scale)  # the terms' units differ by orders of magnitude
+        if np.linalg.cond(scaled) > 1e8:
+            return None  # terms the steps do not tell apart (a position term while positions stay put)
+        solved = np.linalg.solve(scaled, self._sums[index, 3] / scale) / scale
+        return [float(value) for value in solved]
 
 
 def _smoothed(previous: float | None, value: float) -> float:

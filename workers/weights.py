@@ -44,6 +44,7 @@ class Linear(nn.Module):
         self.int4: Tensor | None = None
         self.scales_zeros: Tensor | None = None
         self.int4_rows = 0
+        self.merge_rows = 0  # decoding rows a dense chunk product takes along (``forward``)
         self.inputs_twice = False  # 8-bit groups: the inputs go in twice (``pack_int8``)
 
     @property
@@ -60,12 +61,13 @@ class Linear(nn.Module):
         else:
             self.prepacked = torch.ops.mkl._mkl_reorder_linear_weight(self.weight, rows_hint)
 
-    def pack_int4(self, source: Tensor, rows: int) -> None:
+    def pack_int4(self, source: Tensor, rows: int, merge_rows: int = 0) -> None:
         """4-bit groups of ``source`` (this layer's weights in float32) for products of at most
-        ``rows`` rows."""
+        ``rows`` rows; a dense product of prompt rows takes up to ``merge_rows`` decoding rows along."""
         self.int4, scales_zeros = int4_groups(source)
         self.scales_zeros = scales_zeros.to(torch.bfloat16)
         self.int4_rows = rows
+        self.merge_rows = merge_rows
 
     def pack_int8(self, source: Tensor, rows: int) -> None:
         """8-bit groups of ``source`` (``int8_groups``) for products of at most ``rows`` rows."""
@@ -78,10 +80,14 @@ class Linear(nn.Module):
         """``decoding``: how many of the first rows are decoding rows (the rest: prompt chunks). Where
         all rows are too many for the 4-bit weights, each of the two parts runs on them if it is few
         enough, so that a step with chunks costs its decoding step plus its chunks, no more, and a
-        small chunk does not read the dense weights. ``cast``: in the weights' dtype; without it, a
-        4-bit product stays in bfloat16 (for a caller that adds it to a float32 sum anyway: one
-        operator fewer)."""
-        if self.int4 is not None and self.int4_rows < x.shape[0] and 0 < decoding < x.shape[0]:
+        small chunk does not read the dense weights; but a chunk that runs dense anyway takes up to
+        ``merge_rows`` decoding rows along (where that was measured cheaper than their own 4-bit
+        pass: ``precision.merge_rows``). ``cast``: in the weights' dtype; without it, a 4-bit product
+        stays in bfloat16 (for a caller that adds it to a float32 sum anyway: one operator fewer)."""
+        rows = x.shape[0]
+        if self.int4 is not None and self.int4_rows < rows and 0 < decoding < rows:
+            if decoding <= self.merge_rows and rows - decoding > self.int4_rows:
+                return self._dense(x)
             return torch.cat((self._product(x[:decoding], cast), self._product(x[decoding:], cast)))
         return self._product(x, cast)
 
@@ -148,6 +154,13 @@ def int8_groups(weight: Tensor) -> tuple[Tensor, Tensor]:
     scales_zeros = torch.cat((torch.stack([16 * scale, 8 * scale], dim=-1),
                               torch.stack([scale, torch.zeros_like(scale)], dim=-1))).contiguous()
     return torch._convert_weight_to_int4pack_for_cpu(halves, 1), scales_zeros
+
+
+def int8_codes(weight: Tensor) -> tuple[Tensor, Tensor]:
+    """The 8-bit codes ``[rows, cols]`` (int8) and scales ``[rows, groups]`` (float32) of ``int8_groups``:
+    a quarter of the float32 weights' bytes, from which any of their rows comes back exactly."""
+    codes, scale = _quantize8(weight)
+    return codes.view(weight.shape).to(torch.int8), scale
 
 
 def _quantize8(weight: Tensor) -> tuple[Tensor, Tensor]:

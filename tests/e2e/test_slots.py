@@ -16,7 +16,7 @@ from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig, MistralC
 from lmsp_core.requests.catalog import TINY_RANDOM
 from lmsp_core.settings import load_settings
 from tests.e2e.test_engine import Collector
-from workers import loader, precision, scheduler
+from workers import loader, precision, scheduler, weights
 from workers.decoder import REFINED, Decoder, unsupported_reason
 from workers.engine import Engine, Finish, Generation
 from workers.hfslots import HfSlots
@@ -155,18 +155,38 @@ async def test_a_long_prompt_joins_in_chunks_between_decoding_steps(tiny: loader
     assert engine.model.cache.layer(0)[0] is keys
 
 
-def test_a_chunk_beside_decoding_grows_at_most_twofold(tiny: loader.LoadedModel) -> None:
+def test_a_chunk_beside_decoding_grows_at_most_by_half(tiny: loader.LoadedModel) -> None:
     engine = Engine(tiny)
     try:
         chosen = engine._scheduler
         chosen._decode_seconds = 0.1
         for tokens in (10, 10, 10):
-            chosen._chunk_cost.add(tokens, 1e-6)  # measured as free: the fit alone would take MAX_CHUNK
+            chosen._chunk_cost.add(tokens, tokens * 40, 1e-6)  # measured as free: the fit alone would take MAX_CHUNK
         chosen._last_chunked = 10
-        assert chosen._chunk_budget(others_decode=True) == 20
-        assert chosen._chunk_budget(others_decode=False) == scheduler.MAX_CHUNK  # nobody to stall
+        assert chosen._chunk_budget(others_decode=True, start=40) == 15
+        assert chosen._chunk_budget(others_decode=False, start=40) == scheduler.PREFILL_TOKENS  # nobody to stall
     finally:
         engine.close()
+
+
+async def test_prompts_that_arrive_together_while_nobody_decodes_go_in_at_once(tiny: loader.LoadedModel) -> None:
+    engine = Engine(tiny)
+    plans = recording(engine)
+    prompts = [list(range(100 + i, 400 + i)) for i in range(3)]  # 900 tokens: more than one sequence's chunk
+    sinks = [Collector() for _ in prompts]
+    for prompt, sink in zip(prompts, sinks, strict=True):  # all waiting before the first step
+        engine.submit(Generation(prompt, 4, RowSampler(SamplingParams()), [], sink))
+    runner = asyncio.create_task(engine.run())
+    try:
+        await asyncio.wait_for(asyncio.gather(*(sink.done.wait() for sink in sinks)), 60)
+    finally:
+        runner.cancel()
+        engine.close()
+    first = next(plan for plan in plans if plan.chunks and not plan.feeds and plan.chunks[0].tokens[0] >= 100)
+    assert [(chunk.slot, len(chunk.tokens), chunk.last) for chunk in first.chunks] == [(0, 300, True), (1, 300, True),
+                                                                                       (2, 300, True)]
+    for prompt, sink in zip(prompts, sinks, strict=True):
+        assert sink.tokens == generate(tiny.model, prompt, 4)
 
 
 async def test_a_free_slot_is_taken_by_the_next_sequence(tiny: loader.LoadedModel) -> None:
@@ -179,7 +199,7 @@ async def test_a_free_slot_is_taken_by_the_next_sequence(tiny: loader.LoadedMode
     assert first_chunk[(7, 8)] == 0  # the first sequence had finished: its slot was free again
 
 
-def test_4_bit_weights_only_where_they_lose_nothing() -> None:
+def test_4_bit_weights_only_where_they_lose_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     model = random_model(CONFIGS["llama"])
     assert not on_int4_grid(model.model.layers[0].mlp.down_proj.weight.detach())
     with torch.no_grad():  # every layer weight as a Q4_1 GGUF holds it: code * scale + min, fp16 scale and min
@@ -222,6 +242,23 @@ def test_4_bit_weights_only_where_they_lose_nothing() -> None:
     # equal but for the dense output layer's float32 sums, whose order MKL picks by the row count
     # (2 rows alone, 3 beside the chunk) on some CPUs; the dense products would be ~1e-3 off
     torch.testing.assert_close(beside_chunk[:2], alone, rtol=1e-6, atol=1e-5)
+    # where a dense chunk product takes the decoding rows along (``merge_rows``), they run on the
+    # dense weights with the chunk: no 4-bit pass of the layers, the dense model's logits
+    merging, plain = Decoder(model, slots=3, positions=256), Decoder(model, slots=3, positions=256)
+    assert merging.pack_int4(exact, rows=2, lossless_only=True, merge_rows=2)
+    passes: list[int] = []
+    int4_pass = weights.int4_product
+    monkeypatch.setattr(weights, "int4_product", lambda *args: passes.append(1) or int4_pass(*args))
+    with torch.inference_mode():
+        for decoder in (merging, plain):
+            for slot in (0, 1):
+                decoder.run(StepPlan(chunks=[Chunk(slot, 0, prompt, True)]))
+        merged = merging.run(StepPlan(feeds=feeds, chunks=[Chunk(2, 0, prompt, True)]))
+        assert not passes
+        torch.testing.assert_close(merged, plain.run(StepPlan(feeds=feeds, chunks=[Chunk(2, 0, prompt, True)])),
+                                   rtol=1e-6, atol=1e-5)
+        merging.run(StepPlan(feeds=feeds))  # decoding alone still runs on the 4-bit weights
+    assert passes
     # weights off the grid: auto leaves them dense
     unpacked = Decoder(random_model(CONFIGS["llama"], torch.bfloat16), slots=2, positions=256)
     other = {name: w.detach().float() for name, w in random_model(CONFIGS["llama"]).named_parameters()}
@@ -264,6 +301,14 @@ def test_an_output_layer_in_8_bits_runs_on_8_bit_groups() -> None:
     top = expected.topk(REFINED // 2, dim=-1).indices
     torch.testing.assert_close(got.gather(-1, top), expected.gather(-1, top), rtol=0, atol=1e-5)
     assert decode_greedy(packed, prompt, 16) == tokens
+    # a bfloat16 model refines on the exact weights too, from the codes (its dense copy is rounded),
+    # and its refined logits stay float32
+    refined_bf16 = Decoder(copy.deepcopy(model).to(torch.bfloat16), slots=2, positions=256)
+    refined_bf16.pack_int4(exact, rows=4, lossless_only=True)
+    rows = torch.tensor([[0, 5, 9], [7, 300, 511]])
+    assert torch.equal(refined_bf16._exact_rows(rows), exact["lm_head.weight"][rows])
+    assert not torch.equal(refined_bf16.lm_head.weight[rows].float(), exact["lm_head.weight"][rows])
+    assert forced_logits(refined_bf16, prompt, tokens).dtype == torch.float32
     # off the grid: dense with lossless_only, 8-bit groups otherwise
     other = {name: w.detach().float() for name, w in random_model(CONFIGS["llama"]).named_parameters()}
     auto = Decoder(random_model(CONFIGS["llama"]), slots=2, positions=256)
@@ -305,6 +350,24 @@ def test_how_many_rows_4_bit_products_pay_for_is_measured_once(tmp_path: Path,
     assert precision.int4_rows(tmp_path, torch.bfloat16) == 0  # never faster: never packed
     dense, packed = real(torch.float32, 2, rounds=1)  # the real measurement runs both kinds of layer
     assert dense > 0 and packed > 0
+
+
+def test_whether_chunks_take_decoding_rows_along_is_measured_once(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    measured: list[int] = []
+    real = precision._merge_seconds
+
+    def timed(dtype: torch.dtype, rows: int, rounds: int = 5) -> tuple[float, float]:
+        measured.append(rows)
+        return (1.0, 1.5) if rows <= 2 else (1.0, 0.5)  # merged cheaper up to 2 decoding rows
+
+    monkeypatch.setattr(precision, "_merge_seconds", timed)
+    assert precision.merge_rows(tmp_path, torch.float32, packed_rows=8) == 2 and measured == [1, 2, 4]
+    assert precision.merge_rows(tmp_path, torch.float32, packed_rows=8) == 2 and len(measured) == 3  # cached
+    assert precision.merge_rows(tmp_path, torch.float32, packed_rows=1) == 1  # never beyond the 4-bit rows
+    assert precision.merge_rows(tmp_path, torch.bfloat16, packed_rows=0) == 0 and len(measured) == 3
+    merged, apart = real(torch.float32, 2, rounds=1)  # the real measurement runs both ways
+    assert merged > 0 and apart > 0
 
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning:torch")  # torch's own imports while compiling

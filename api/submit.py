@@ -19,7 +19,6 @@ from api.services import Services
 from lmsp_core import wire
 from lmsp_core.requests import extensions, grammars
 from lmsp_core.requests.catalog import ModelSpec
-from lmsp_core.requests.chat import card_digest
 from lmsp_core.requests.closing import GrammarTokenizer, output_tokens_needed, reasoning_closing_ids
 from lmsp_core.requests.validation import check_limits, check_output_room, check_request, output_budget
 from lmsp_core.store import connections, conversations, metrics, queue, registry
@@ -131,7 +130,7 @@ async def _check_lengths(services: Services, request: wire.ResponseRequest, spec
         tokenizer = await text.grammar()
         needed = await asyncio.to_thread(_needed, request, spec, text.renderer.tokenizer, tokenizer)
         check_output_room(request, spec, budget, needed)
-    return Rendered(prompt, card_digest(text.renderer.card))
+    return Rendered(prompt, text.card_digest)
 
 
 def _needed(request: wire.ResponseRequest, spec: ModelSpec, text_tokenizer: Tokenizer,

@@ -15,7 +15,7 @@ from pathlib import Path
 from redis.asyncio import Redis
 
 from lmsp_core.requests.catalog import Catalog
-from lmsp_core.requests.chat import ModelCard, PromptRenderer
+from lmsp_core.requests.chat import ModelCard, PromptRenderer, card_digest
 from lmsp_core.requests.closing import GrammarTokenizer
 from lmsp_core.requests.modelfiles import card_from_files
 from lmsp_core.store import registry
@@ -26,16 +26,19 @@ CARD_REFRESH = 30.0
 
 
 class ModelText:
-    """A model's prompt renderer and, built on first use (about a second), its grammar tokenizer."""
+    """A model's prompt renderer, its card's digest and, built on first use (about a second), its
+    grammar tokenizer."""
 
-    def __init__(self, renderer: PromptRenderer) -> None:
+    def __init__(self, renderer: PromptRenderer, digest: str) -> None:
         self.renderer = renderer
+        self.card_digest = digest  # what each task's rendered prompt names (hashing the card takes ms)
         self._grammar: GrammarTokenizer | None = None
         self._lock = asyncio.Lock()
 
     @classmethod
     async def of(cls, card: ModelCard) -> "ModelText":
-        return cls(await asyncio.to_thread(PromptRenderer, card))
+        renderer, digest = await asyncio.to_thread(lambda: (PromptRenderer(card), card_digest(card)))
+        return cls(renderer, digest)
 
     async def grammar(self) -> GrammarTokenizer:
         async with self._lock:

@@ -9,6 +9,8 @@ import asyncio
 import contextlib
 import socket
 import threading
+from collections.abc import Coroutine
+from typing import Any
 
 from tests.support import free_port
 
@@ -46,37 +48,21 @@ class CuttingProxy:
             asyncio.start_server(self._handle, "127.0.0.1", self.port, family=socket.AF_INET))
         self._ready.set()
         self._loop.run_forever()
-        self._server.close()
-        tasks = asyncio.all_tasks(self._loop)
-        for task in tasks:
-            task.cancel()
-        self._loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
-        self._loop.run_until_complete(self._server.wait_closed())
-        self._loop.run_until_complete(asyncio.sleep(0.05))  # let closed transports release their sockets
-        self._loop.close()
+        shut_down(self._loop, self._server)
 
     async def _handle(self, client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:
         self.connections += 1
+        writers = [client_writer]
         try:
             upstream_reader, upstream_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
+            writers.append(upstream_writer)
+            state = _Connection()
+            await relay(self._requests(client_reader, upstream_writer, state),
+                        self._answers(upstream_reader, client_writer, state))
         except OSError:
-            client_writer.close()
-            await client_writer.wait_closed()
-            return
-        state = _Connection()
-        upstream = asyncio.ensure_future(self._requests(client_reader, upstream_writer, state))
-        downstream = asyncio.ensure_future(self._answers(upstream_reader, client_writer, state))
-        try:
-            await asyncio.wait({upstream, downstream}, return_when=asyncio.FIRST_COMPLETED)
+            pass  # nothing upstream: the client sees its connection closed
         finally:
-            for task in (upstream, downstream):
-                task.cancel()
-            await asyncio.gather(upstream, downstream, return_exceptions=True)
-            for writer in (client_writer, upstream_writer):
-                writer.close()
-            for writer in (client_writer, upstream_writer):
-                with contextlib.suppress(Exception):
-                    await writer.wait_closed()
+            await close_all(writers)
 
     async def _requests(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, state: "_Connection") -> None:
         while chunk := await reader.read(65536):
@@ -102,3 +88,39 @@ class CuttingProxy:
 class _Connection:
     def __init__(self) -> None:
         self.budget: int | None = None  # answer bytes left before the cut, once armed
+
+
+async def relay(*pipes: Coroutine[Any, Any, None]) -> None:
+    """Run the directions of a proxied connection until one ends, then stop the others."""
+    tasks = [asyncio.ensure_future(pipe) for pipe in pipes]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def close_all(writers: list[asyncio.StreamWriter]) -> None:
+    """Close a connection's streams, also when its handler was cancelled: a stream left open warns
+    (ResourceWarning, an error in the tests) when it is collected after its loop has closed."""
+    for writer in writers:
+        writer.close()
+    for writer in writers:
+        with contextlib.suppress(Exception):
+            await writer.wait_closed()
+
+
+def shut_down(loop: asyncio.AbstractEventLoop, server: asyncio.Server) -> None:
+    """After ``run_forever``: stop listening, let the handlers of connections accepted meanwhile
+    start (one cancelled before its first step would never close its streams), cancel every
+    handler, wait for their clean-up, close the loop."""
+    server.close()
+    loop.run_until_complete(asyncio.sleep(0))
+    tasks = asyncio.all_tasks(loop)
+    for task in tasks:
+        task.cancel()
+    loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+    loop.run_until_complete(server.wait_closed())
+    loop.run_until_complete(asyncio.sleep(0.05))  # let closed transports release their sockets
+    loop.close()

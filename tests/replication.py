@@ -7,7 +7,6 @@ replica lag at the moment the primary dies, which on loopback it otherwise never
 """
 
 import asyncio
-import contextlib
 import socket
 import threading
 from typing import Any
@@ -16,6 +15,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from tests.faults import wait_for
+from tests.proxy import close_all, relay, shut_down
 from tests.support import RedisServer, SentinelServer, free_port
 
 MASTER = "lmsp-test"
@@ -65,39 +65,21 @@ class ReplicationHold:
             asyncio.start_server(self._handle, "127.0.0.1", self.port, family=socket.AF_INET))
         self._ready.set()
         self._loop.run_forever()
-        server.close()
-        tasks = asyncio.all_tasks(self._loop)
-        for task in tasks:
-            task.cancel()
-        self._loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
-        self._loop.run_until_complete(server.wait_closed())
-        self._loop.run_until_complete(asyncio.sleep(0.05))  # let closed transports release their sockets
-        self._loop.close()
+        shut_down(self._loop, server)
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writers = [writer]
+        link = _Link()
         try:
             upstream_reader, upstream_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
+            writers.append(upstream_writer)
+            self._links.add(link)
+            await relay(self._requests(reader, upstream_writer, link), self._answers(upstream_reader, writer, link))
         except OSError:
-            writer.close()
-            with contextlib.suppress(OSError):
-                await writer.wait_closed()
-            return
-        link = _Link()
-        self._links.add(link)
-        pipes = [asyncio.ensure_future(self._requests(reader, upstream_writer, link)),
-                 asyncio.ensure_future(self._answers(upstream_reader, writer, link))]
-        try:
-            await asyncio.wait(pipes, return_when=asyncio.FIRST_COMPLETED)
+            pass  # nothing upstream: the client sees its connection closed
         finally:
             self._links.discard(link)
-            for pipe in pipes:
-                pipe.cancel()
-            await asyncio.gather(*pipes, return_exceptions=True)
-            for side in (writer, upstream_writer):
-                side.close()
-            for side in (writer, upstream_writer):
-                with contextlib.suppress(Exception):
-                    await side.wait_closed()
+            await close_all(writers)
 
     @staticmethod
     async def _requests(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, link: "_Link") -> None:

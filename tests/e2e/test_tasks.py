@@ -9,6 +9,7 @@ import msgspec
 import pytest
 
 from lmsp_core import wire
+from lmsp_core.store import keys
 from tests.e2e.test_errors import assert_problem
 from tests.support import SseEvent, body, collect, sse_events
 
@@ -281,7 +282,9 @@ async def test_the_api_renders_the_prompt_once_and_the_worker_uses_it(client: ht
                                                                       redis: Any) -> None:
     task = await create(client, max_output_tokens=4)
     stored = await redis.hgetall(f"lmsp:task:{{{task['id']}}}")
-    assert len(stored[b"prompt"]) % 4 == 0 and len(stored[b"prompt"]) > 0 and stored[b"prompt_card"]
+    assert len(stored[b"prompt"]) % 4 == 0 and len(stored[b"prompt"]) > 0
+    # the card the API rendered with (its digest kept once, not hashed per request) is the worker's
+    assert stored[b"prompt_card"] == await redis.get(keys.model_card_digest(task["model"]))
     final = [e for e in await events(client, task["id"]) if e.event in wire.FINAL_EVENTS][-1]
     usage = final.data["usage"]
     assert usage["input_tokens"] == len(stored[b"prompt"]) // 4  # the worker ran the API's prompt

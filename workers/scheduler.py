@@ -186,7 +186,7 @@ class Scheduler:
         joining = [run for run in self._running.values() if not run.decoding]
         if not joining:
             return []
-        budget = self._chunk_budget(bool(decoding), joining[0].filled)
+        budget = self._chunk_budget(len(decoding), len(joining), joining[0].filled)
         chunked = []
         for run in joining:
             if budget <= 0:
@@ -197,16 +197,18 @@ class Scheduler:
             budget -= size
         return chunked
 
-    def _chunk_budget(self, others_decode: bool, start: int) -> int:
-        """Prompt tokens for this step, the first chunk starting at ``start``."""
-        if not others_decode:
+    def _chunk_budget(self, decoding: int, joining: int, start: int) -> int:
+        """Prompt tokens for this step, the first chunk starting at ``start``: ``decoding`` sequences
+        would wait for them, ``joining`` ones wait for their prompts."""
+        if not decoding:
             return PREFILL_TOKENS
         price = self._chunk_cost.fit()
         if self._decode_seconds is None or price is None:
             return FIRST_CHUNK
+        budget = chunk_budget(self._decode_seconds, price, start, waiting=max(1.0, joining / decoding))
         # at most 1.5 times the last: a fit the machine's noise put off (or a product whose cost
         # jumps at some row count, as oneDNN's do) cannot stall everyone at once
-        return min(chunk_budget(self._decode_seconds, price, start), self._last_chunked * 3 // 2)
+        return min(budget, self._last_chunked * 3 // 2)
 
     def _measure(self, plan: StepPlan, seconds: float) -> None:
         prompt_tokens = sum(len(chunk.tokens) for chunk in plan.chunks)
@@ -258,11 +260,14 @@ class Price:
     per_position: float = 0.0
 
 
-def chunk_budget(decode_seconds: float, price: Price, start: int = 0) -> int:
+def chunk_budget(decode_seconds: float, price: Price, start: int = 0, waiting: float = 1.0) -> int:
     """Prompt tokens for a step while others decode, for a chunk from position ``start``: as many as
-    cost ``STALL`` decoding steps; where chunks cost a fixed price beyond that anyway, as many as cost
-    that price again (fewer, larger stalls rather than many small ones)."""
-    spend = max(STALL * decode_seconds - price.fixed, price.fixed)
+    cost ``STALL`` decoding steps, ``waiting`` times that where more sequences wait for their prompts
+    than decode (the step's stall is paid by the decoding ones, the wait by the joining ones: a
+    burst of prompts beside one stream joins in a few steps, not dozens); where chunks cost a fixed
+    price beyond that anyway, as many as cost that price again (fewer, larger stalls rather than
+    many small ones)."""
+    spend = max(STALL * waiting * decode_seconds - price.fixed, price.fixed)
     # the most tokens n with n * (per_token + per_position * (start + n)) <= spend
     linear = price.per_token + price.per_position * start
     if price.per_position > 0:

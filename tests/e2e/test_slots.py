@@ -163,8 +163,24 @@ def test_a_chunk_beside_decoding_grows_at_most_by_half(tiny: loader.LoadedModel)
         for tokens in (10, 10, 10):
             chosen._chunk_cost.add(tokens, tokens * 40, 1e-6)  # measured as free: the fit alone would take MAX_CHUNK
         chosen._last_chunked = 10
-        assert chosen._chunk_budget(others_decode=True, start=40) == 15
-        assert chosen._chunk_budget(others_decode=False, start=40) == scheduler.PREFILL_TOKENS  # nobody to stall
+        assert chosen._chunk_budget(decoding=2, joining=1, start=40) == 15
+        assert chosen._chunk_budget(decoding=0, joining=1, start=40) == scheduler.PREFILL_TOKENS  # nobody to stall
+    finally:
+        engine.close()
+
+
+def test_prompts_waiting_beside_fewer_decoding_streams_take_more_per_step(tiny: loader.LoadedModel) -> None:
+    engine = Engine(tiny)
+    try:
+        chosen = engine._scheduler
+        chosen._decode_seconds = 0.1
+        for tokens in (10, 20, 30):
+            chosen._chunk_cost.add(tokens, tokens * 40, 0.001 * tokens)  # 1 ms a prompt token
+        chosen._last_chunked = 400  # growth not what limits it here
+        one_joining = chosen._chunk_budget(decoding=2, joining=1, start=40)
+        assert 55 <= one_joining <= 60  # STALL of a 100 ms step
+        # four prompts wait beside one decoding stream: their wait weighs four times its stall
+        assert abs(chosen._chunk_budget(decoding=1, joining=4, start=40) - 4 * one_joining) <= 4
     finally:
         engine.close()
 

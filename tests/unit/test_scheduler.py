@@ -65,6 +65,13 @@ def test_budget_where_chunks_cost_only_per_token() -> None:
     assert n * (0.001 + n * 1e-5) <= STALL * 0.040 < (n + 1) * (0.001 + (n + 1) * 1e-5)
 
 
+def test_more_prompts_waiting_than_streams_decoding_take_more_per_step() -> None:
+    # 15 prompts joining beside one decoding stream: their wait weighs fifteen times its stall
+    price = Price(0.0, 0.001)
+    assert chunk_budget(0.040, price, waiting=15.0) == 15 * chunk_budget(0.040, price)
+    assert chunk_budget(0.040, price, waiting=15.0) <= MAX_CHUNK
+
+
 def test_budget_where_a_chunk_step_has_a_fixed_price() -> None:
     # a GPU: a decoding step is a 6 ms graph, a step with chunks costs 20 ms more whatever its
     # size, and 20 us per token: the step takes as many tokens as cost that price again

@@ -214,15 +214,20 @@ class Decoder(nn.Module):
         two 4-bit ones, so it pays up to half as many rows."""
         if source.shape[1] % GROUP:
             return
+        # where the dense copy is rounded (a bfloat16 model), the refinement reads the exact weights:
+        # the 8-bit codes where they hold them, else the float32 weights themselves
+        exact: tuple[Tensor, Tensor | None] = (source, None)
         if on_int4_grid(source):
             self.lm_head.pack_int4(source, rows)
-        elif not lossless_only or on_int8_grid(source):
+        elif on_int8_grid(source):
+            self.lm_head.pack_int8(source, max(1, rows // 2))
+            exact = int8_codes(source)
+        elif not lossless_only:
             self.lm_head.pack_int8(source, max(1, rows // 2))
         else:
             return
-        if self.lm_head.weight.dtype != torch.float32:  # a rounded dense copy: refine on the exact weights
-            on_codes = self.lm_head.inputs_twice and on_int8_grid(source)
-            self._exact_output = int8_codes(source) if on_codes else (source, None)
+        if self.lm_head.weight.dtype != torch.float32:
+            self._exact_output = exact
 
     @property
     def vocab(self) -> int:

@@ -350,16 +350,24 @@ def test_the_cpu_precision_is_measured_once(tmp_path: Path, monkeypatch: pytest.
     assert precision.cpu_signature() in (tmp_path / "precision.json").read_text()
 
 
-def test_how_many_rows_4_bit_products_pay_for_is_measured_once(tmp_path: Path,
-                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+def fake_timings(monkeypatch: pytest.MonkeyPatch, name: str,
+                 timings: Callable[[int], tuple[float, float]]) -> list[int]:
+    """``precision.<name>`` answering ``timings(rows)``; returns the row counts it is asked for."""
     measured: list[int] = []
-    real = precision._product_seconds
 
     def timed(dtype: torch.dtype, rows: int, rounds: int = 5) -> tuple[float, float]:
         measured.append(rows)
-        return (1.0, 0.5) if rows <= 8 else (1.0, 2.0)  # 4-bit faster up to 8 rows, then slower
+        return timings(rows)
 
-    monkeypatch.setattr(precision, "_product_seconds", timed)
+    monkeypatch.setattr(precision, name, timed)
+    return measured
+
+
+def test_how_many_rows_4_bit_products_pay_for_is_measured_once(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    real = precision._product_seconds
+    # 4-bit faster up to 8 rows, then slower
+    measured = fake_timings(monkeypatch, "_product_seconds", lambda rows: (1.0, 0.5) if rows <= 8 else (1.0, 2.0))
     assert precision.int4_rows(tmp_path, torch.float32) == 8 and measured == [1, 2, 4, 8, 16]
     assert precision.int4_rows(tmp_path, torch.float32) == 8 and len(measured) == 5  # read from the cache
     monkeypatch.setattr(precision, "_product_seconds", lambda dtype, rows: (1.0, 1.5))
@@ -370,14 +378,9 @@ def test_how_many_rows_4_bit_products_pay_for_is_measured_once(tmp_path: Path,
 
 def test_whether_chunks_take_decoding_rows_along_is_measured_once(tmp_path: Path,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    measured: list[int] = []
     real = precision._merge_seconds
-
-    def timed(dtype: torch.dtype, rows: int, rounds: int = 5) -> tuple[float, float]:
-        measured.append(rows)
-        return (1.0, 1.5) if rows <= 2 else (1.0, 0.5)  # merged cheaper up to 2 decoding rows
-
-    monkeypatch.setattr(precision, "_merge_seconds", timed)
+    # merged cheaper up to 2 decoding rows
+    measured = fake_timings(monkeypatch, "_merge_seconds", lambda rows: (1.0, 1.5) if rows <= 2 else (1.0, 0.5))
     assert precision.merge_rows(tmp_path, torch.float32, packed_rows=8) == 2 and measured == [1, 2, 4]
     assert precision.merge_rows(tmp_path, torch.float32, packed_rows=8) == 2 and len(measured) == 3  # cached
     assert precision.merge_rows(tmp_path, torch.float32, packed_rows=1) == 1  # never beyond the 4-bit rows

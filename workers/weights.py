@@ -82,11 +82,14 @@ class Linear(nn.Module):
         enough, so that a step with chunks costs its decoding step plus its chunks, no more, and a
         small chunk does not read the dense weights; but a chunk that runs dense anyway takes up to
         ``merge_rows`` decoding rows along (where that was measured cheaper than their own 4-bit
-        pass: ``precision.merge_rows``). ``cast``: in the weights' dtype; without it, a 4-bit product
-        stays in bfloat16 (for a caller that adds it to a float32 sum anyway: one operator fewer)."""
+        pass: ``precision.merge_rows``), and decoding rows too many for the 4-bit weights go in one
+        dense product with the chunk's (two would read the dense weights twice). ``cast``: in the
+        weights' dtype; without it, a 4-bit product stays in bfloat16 (for a caller that adds it to a
+        float32 sum anyway: one operator fewer)."""
         rows = x.shape[0]
         if self.int4 is not None and self.int4_rows < rows and 0 < decoding < rows:
-            if decoding <= self.merge_rows and rows - decoding > self.int4_rows:
+            chunk_dense = rows - decoding > self.int4_rows
+            if decoding > self.int4_rows or (chunk_dense and decoding <= self.merge_rows):
                 return self._dense(x)
             return torch.cat((self._product(x[:decoding], cast), self._product(x[decoding:], cast)))
         return self._product(x, cast)

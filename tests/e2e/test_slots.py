@@ -275,6 +275,20 @@ def test_4_bit_weights_only_where_they_lose_nothing(monkeypatch: pytest.MonkeyPa
                                    rtol=1e-6, atol=1e-5)
         merging.run(StepPlan(feeds=feeds))  # decoding alone still runs on the 4-bit weights
     assert passes
+    # decoding rows too many for the 4-bit weights go in one dense product with the chunk's
+    crowded = Decoder(model, slots=4, positions=256)
+    assert crowded.pack_int4(exact, rows=2, lossless_only=True)
+    products: list[int] = []
+    dense_product = weights.Linear._dense
+    monkeypatch.setattr(weights.Linear, "_dense", lambda self, x: products.append(x.shape[0]) or dense_product(self, x))
+    with torch.inference_mode():
+        for slot in (0, 1, 2):
+            crowded.run(StepPlan(chunks=[Chunk(slot, 0, prompt, True)]))
+        products.clear()
+        crowded.run(StepPlan(feeds=[Feed(slot, tokens[0], len(prompt)) for slot in (0, 1, 2)],
+                             chunks=[Chunk(3, 0, prompt, True)]))
+    # the layers' products: the 3 decoding rows with the chunk; and the output layer's 4 rows of logits
+    assert set(products) == {3 + len(prompt), 4}, products
     # weights off the grid: auto leaves them dense
     unpacked = Decoder(random_model(CONFIGS["llama"], torch.bfloat16), slots=2, positions=256)
     other = {name: w.detach().float() for name, w in random_model(CONFIGS["llama"]).named_parameters()}

@@ -86,6 +86,25 @@ async def long_generation(spec: Any, cache: Path, prompt: list[int], tokens: int
     return 99 / (times[99] - times[0]), 99 / (times[-1] - times[-100])
 
 
+async def first_token_seconds(spec: Any, cache: Path, prompt: list[int], samples: int) -> float:
+    """Seconds to the first token of ``prompt`` (p50 of ``samples``) from nothing: on an engine of its
+    own that reuses no prefix."""
+    engine = Engine(loader.load(msgspec.structs.replace(spec, reuse_prefixes=False), cache))
+    runner = asyncio.create_task(engine.run())
+    firsts = []
+    try:
+        await engine.ready()
+        for _ in range(samples):
+            sink, started = Timing(), time.perf_counter()
+            engine.submit(Generation(prompt, 1, RowSampler(SamplingParams()), [], sink))
+            await sink.done.wait()
+            firsts.append((sink.first or started) - started)
+    finally:
+        runner.cancel()
+        engine.close()
+    return statistics.median(firsts)
+
+
 async def greedy_answer(loaded: loader.LoadedModel, prompt: list[int], tokens: int) -> list[int]:
     """The greedy tokens of one generation (to a stop token or ``tokens``), on an eager engine of its own."""
     engine = Engine(loaded, compile=False)

@@ -14,6 +14,11 @@ def prompt_text(i: int) -> str:
     return f"Write a long story about {TOPICS[i % len(TOPICS)]} (number {i}). Use many details."
 
 
+def fresh_prompt_text(i: int) -> str:
+    """A README-length question that no earlier one begins like (after the chat template's start)."""
+    return f"{i}: describe a local model service in one sentence."
+
+
 def user_input(text: str) -> list[dict[str, Any]]:
     return [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}]
 
@@ -49,5 +54,6 @@ class Measured:
     """What later sections compare with: 1-stream tokens/s and TTFT p50 (ms), aggregate tokens/s."""
 
     single: float = 0.0
-    ttft_ms: float = 0.0
+    ttft_ms: float = 0.0  # the same prompt again (all of it but its last token cached)
+    ttft_fresh_ms: float = 0.0  # a new prompt each time (the chat template's start cached)
     rates: dict[int, float] = field(default_factory=dict)

@@ -236,6 +236,13 @@ class Decoder(nn.Module):
     def release(self, slot: int) -> None:
         pass  # nothing to free: the next sequence in the slot overwrites what it uses
 
+    @property
+    def keeps_prefixes(self) -> bool:
+        return True  # a released slot's keys and values stay until a new sequence writes over them
+
+    def copy_prefix(self, source: int, target: int, length: int) -> None:
+        self.cache.copy_prefix(source, target, length)
+
     # --- a step -------------------------------------------------------------------------------------
 
     def run(self, plan: StepPlan) -> Tensor:

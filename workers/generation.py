@@ -28,10 +28,13 @@ class Sink(Protocol):
 class Generation:
     """The engine's handle of a generation. ``generated`` holds the tokens delivered to the sink
     (and those generated before a resume, which are part of the context and count against the
-    budget); ``stop_requested`` is set on the event loop and read by the model thread."""
+    budget); ``stop_requested`` is set on the event loop and read by the model thread.
+    ``prefix_scope``: who may share the prefixes of its context kept in KV slots (``workers.prefixes``);
+    ``cached_tokens``: how many tokens of its context it found there, set by the model thread when it
+    joins."""
 
     def __init__(self, prompt_ids: Seq[int], max_new_tokens: int, sampler: RowSampler,
-                 stop_token_ids: Seq[int], sink: Sink, generated: Seq[int] = ()) -> None:
+                 stop_token_ids: Seq[int], sink: Sink, generated: Seq[int] = (), prefix_scope: str = "") -> None:
         self.prompt_ids = list(prompt_ids)
         self.max_new_tokens = max_new_tokens
         self.sampler = sampler
@@ -40,6 +43,8 @@ class Generation:
         self.generated: list[int] = list(generated)
         self.finish_reason: Finish | None = None
         self.stop_requested: Finish | None = None
+        self.prefix_scope = prefix_scope
+        self.cached_tokens = 0
 
     @property
     def context(self) -> list[int]:

@@ -33,6 +33,13 @@ class HfSlots:
     def release(self, slot: int) -> None:
         self._caches.pop(slot, None)
 
+    @property
+    def keeps_prefixes(self) -> bool:
+        return False  # a released slot's cache is dropped
+
+    def copy_prefix(self, source: int, target: int, length: int) -> None:
+        raise NotImplementedError("transformers' caches are not kept after release")
+
     def run(self, plan: StepPlan) -> Tensor:
         logits = [self._forward(feed.slot, [feed.token], feed.position) for feed in plan.feeds]
         for chunk in plan.chunks:

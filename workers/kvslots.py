@@ -2,8 +2,10 @@
 
 Every running sequence owns a slot: room for the keys and values of a whole context window.
 The cache is allocated once per worker and model; joining and leaving never copy, concatenate or
-allocate it. A step (``StepPlan``) feeds one token to each decoding sequence and chunks of prompts
-to sequences that are joining; a ``SlotModel`` runs it and returns the logits asked for.
+allocate it (a new sequence may start from a prefix another slot holds, ``workers.prefixes``: that
+is copied once, in place of computing it). A step (``StepPlan``) feeds one token to each decoding
+sequence and chunks of prompts to sequences that are joining; a ``SlotModel`` runs it and returns
+the logits asked for.
 """
 
 from dataclasses import dataclass, field
@@ -64,6 +66,13 @@ class SlotModel(Protocol):
     def release(self, slot: int) -> None:
         """The slot's sequence has left (its cache may be overwritten from now on)."""
 
+    @property
+    def keeps_prefixes(self) -> bool:
+        """Whether a slot's keys and values stay as they are after ``release`` (``workers.prefixes``)."""
+
+    def copy_prefix(self, source: int, target: int, length: int) -> None:
+        """Copy positions ``0..length-1`` of slot ``source`` into slot ``target``."""
+
 
 def lazy_zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> Tensor:
     """Zeros whose memory, on a CPU, is committed only where written (calloc'ed pages): a slot
@@ -95,3 +104,7 @@ class KvSlots(nn.Module):
 
     def layer(self, i: int) -> tuple[Tensor, Tensor]:
         return getattr(self, f"k{i}"), getattr(self, f"v{i}")
+
+    def copy_prefix(self, source: int, target: int, length: int) -> None:
+        for buffer in self.buffers():
+            buffer[target, :, :length] = buffer[source, :, :length]

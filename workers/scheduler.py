@@ -5,7 +5,8 @@ slots, every decoding sequence gets its next token, and joining sequences' promp
 in the same model call. While others decode, a step takes only as many prompt tokens as cost about
 ``STALL`` decoding steps (measured as it runs, attention deep in a prompt included: ``ChunkCost``),
 so a long prompt joins over several steps instead of stalling everyone for its whole length; a
-sequence whose prompt is complete gets its first token from its last chunk.
+sequence whose prompt is complete gets its first token from its last chunk. A sequence whose
+context begins with tokens a slot already holds starts after them (``workers.prefixes``).
 
 The thread runs steps back to back and hands each step's tokens to the event loop, at most
 ``AHEAD`` steps ahead of it: the next step is under way while the events of the last one are
@@ -21,13 +22,14 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 from workers.generation import Finish, Generation
 from workers.kvslots import Chunk, Feed, SlotModel, StepPlan
+from workers.prefixes import Prefixes
 from workers.sampling import TokenChooser
 
 logger = logging.getLogger(__name__)
@@ -59,6 +61,12 @@ class _Running:
     count: int  # tokens generated so far, those before a resume included
     filled: int = 0  # positions of the slot written so far
     next_token: int = -1  # the token to feed next; -1 while the context is being prefilled
+    fed: list[int] = field(default_factory=list)  # tokens fed after the context, in order
+
+    @property
+    def held(self) -> list[int]:
+        """The tokens whose keys and values the slot holds, by position."""
+        return (self.context + self.fed)[:self.filled]
 
     @property
     def decoding(self) -> bool:
@@ -66,7 +74,9 @@ class _Running:
 
 
 class Scheduler:
-    def __init__(self, model: SlotModel, chooser: TokenChooser, context_window: int, name: str) -> None:
+    def __init__(self, model: SlotModel, chooser: TokenChooser, context_window: int, name: str,
+                 reuse_prefixes: bool = False) -> None:
+        """``reuse_prefixes``: start sequences from the prefixes slots hold (the model must keep them)."""
         self.model = model
         self.chooser = chooser
         self.window = context_window
@@ -80,6 +90,7 @@ class Scheduler:
         self._waiting: deque[Generation] = deque()
         self._running: dict[int, _Running] = {}  # by slot, in order of admission
         self._free = list(range(model.slots))
+        self._prefixes = Prefixes(model.slots) if reuse_prefixes else None
         self._decode_seconds: float | None = None
         self._chunk_cost = ChunkCost()
         self._last_chunked = FIRST_CHUNK  # prompt tokens of the last step with chunks beside decoding
@@ -157,8 +168,11 @@ class Scheduler:
         self._measure(plan, time.perf_counter() - started)
         for run in decoding:
             run.filled += 1
+            run.fed.append(run.next_token)
         for run, chunk in chunked:
             run.filled = chunk.end
+            if chunk.last and self._prefixes is not None:
+                self._prefixes.keep(run.slot, run.seq.prefix_scope, run.context)  # others may share it now
         return produced + [self._advance(run, token) for run, token in zip(outputs, tokens, strict=True)]
 
     def _drop_stopped(self) -> None:
@@ -178,8 +192,29 @@ class Scheduler:
                 produced.append(Produced(seq, None, Finish.LENGTH))  # a resumed sequence with nothing left to do
                 continue
             slot = heapq.heappop(self._free)
-            self._running[slot] = _Running(seq, slot, context, count)
+            self._running[slot] = run = _Running(seq, slot, context, count)
+            self._reuse_prefix(run)
         return produced
+
+    def _reuse_prefix(self, run: _Running) -> None:
+        """Start ``run`` after the longest prefix of its context that a slot holds (copied into its
+        own slot from another one), having moved what its slot held and it does not reuse aside."""
+        prefixes = self._prefixes
+        if prefixes is None:
+            return
+        slot = run.slot
+        reuse = prefixes.best(slot, run.seq.prefix_scope, run.context)
+        if reuse is None or reuse.source != slot or reuse.length < prefixes.length(slot):
+            spare = prefixes.spare(slot, (free for free in self._free if reuse is None or free != reuse.source))
+            if spare is not None:
+                self.model.copy_prefix(slot, spare, prefixes.length(slot))
+                prefixes.move(slot, spare)
+        prefixes.forget(slot)
+        if reuse is None:
+            return
+        if reuse.source != slot:
+            self.model.copy_prefix(reuse.source, slot, reuse.length)
+        run.filled = run.seq.cached_tokens = reuse.length
 
     def _chunked(self, decoding: list[_Running]) -> list[tuple[_Running, Chunk]]:
         """This step's prompt chunks, oldest sequence first, within the step's budget."""
@@ -240,11 +275,15 @@ class Scheduler:
         failed = [Produced(run.seq, None, Finish.ERROR, exc) for run in self._running.values()]
         for run in list(self._running.values()):
             self._free_slot(run)
+        if self._prefixes is not None:  # a failed step may have written anywhere
+            self._prefixes = Prefixes(self.model.slots)
         return failed
 
     def _free_slot(self, run: _Running) -> None:
         del self._running[run.slot]
         self.model.release(run.slot)
+        if self._prefixes is not None:
+            self._prefixes.keep(run.slot, run.seq.prefix_scope, run.held)
         heapq.heappush(self._free, run.slot)
 
 

@@ -202,7 +202,8 @@ class TaskRun:
         params = SamplingParams(temperature=self.request.temperature or 0.0, top_p=self._ext.top_p or 1.0,
                                 seed=self._ext.seed)
         self.sequence = Generation(prompt, budget, RowSampler(params, constraint),
-                                   self.runtime.renderer.card.stop_token_ids, sink=self, generated=history.tokens)
+                                   self.runtime.renderer.card.stop_token_ids, sink=self, generated=history.tokens,
+                                   prefix_scope=self.record.owner)
         self.runtime.engine.submit(self.sequence)
         if pipeline.stopped:  # the stored tokens already end with a stop string
             self.runtime.engine.stop(self.sequence, Finish.STOP)
@@ -279,8 +280,11 @@ class TaskRun:
         token_details = None
         if self.runtime.spec.reasoning is not None:
             token_details = wire.OutputTokensDetails(reasoning_tokens=pipeline.reasoning_tokens)
+        cached = min(seq.cached_tokens, self._input_tokens)  # a resumed context also holds generated tokens
         usage = wire.Usage(input_tokens=self._input_tokens, output_tokens=len(seq.generated),
-                           total_tokens=self._input_tokens + len(seq.generated), output_tokens_details=token_details)
+                           total_tokens=self._input_tokens + len(seq.generated),
+                           input_tokens_details=wire.InputTokensDetails(cached_tokens=cached) if cached else None,
+                           output_tokens_details=token_details)
         rid = self.record.response_id
         details = None
         if reason is Finish.CANCELLED:

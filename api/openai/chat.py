@@ -27,8 +27,10 @@ def completion_id(record: TaskRecord) -> str:
 def completion_usage(value: wire.Usage | None) -> oa.CompletionUsage | None:
     if value is None:
         return None
+    cached = value.input_tokens_details.cached_tokens if value.input_tokens_details else 0
     return oa.CompletionUsage(prompt_tokens=value.input_tokens, completion_tokens=value.output_tokens,
-                              total_tokens=value.total_tokens)
+                              total_tokens=value.total_tokens,
+                              prompt_tokens_details=oa.PromptTokensDetails(cached_tokens=cached))
 
 
 def finish_reason(status: str, called: bool) -> oa.FinishReason:

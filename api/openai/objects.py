@@ -319,10 +319,15 @@ class Choice(_Obj, frozen=True, kw_only=True):
     logprobs: None = None
 
 
+class PromptTokensDetails(_Obj, frozen=True, kw_only=True):
+    cached_tokens: int = 0
+
+
 class CompletionUsage(_Obj, frozen=True, kw_only=True):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails = PromptTokensDetails()
 
 
 class ChatCompletion(_Obj, frozen=True, kw_only=True):

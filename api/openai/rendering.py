@@ -114,8 +114,9 @@ def output_item(item: wire.OutputItem, status: oa.ItemStatus) -> oa.OutputItem:
 def usage(value: wire.Usage | None) -> oa.Usage | None:
     if value is None:
         return None
-    details = value.output_tokens_details
+    details, cached = value.output_tokens_details, value.input_tokens_details
     return oa.Usage(input_tokens=value.input_tokens, output_tokens=value.output_tokens, total_tokens=value.total_tokens,
+                    input_tokens_details=oa.InputTokensDetails(cached_tokens=cached.cached_tokens if cached else 0),
                     output_tokens_details=oa.OutputTokensDetails(reasoning_tokens=details.reasoning_tokens if details
                                                                  else 0))
 

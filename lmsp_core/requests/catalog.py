@@ -61,6 +61,9 @@ class ModelSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     # decoding on 4-bit weights (a CPU with AVX2 or AVX512): "auto" when the weights already are 4-bit
     # groups (a Q4 GGUF: repacking them keeps every code), "int4" always (lossy for other models), "dense" never
     weights: Literal["auto", "dense", "int4"] = "auto"
+    # start a request after the prefix of its prompt that a KV slot still holds from an earlier
+    # request of the same owner (its previous turn, a repeated system prompt) instead of computing it
+    reuse_prefixes: bool = True
     seed: int = 0  # weights of the random models
     max_queue_depth: Annotated[int, Meta(ge=0)] | None = None  # overrides LMSP_MAX_QUEUE_DEPTH (0: no limit)
     chat_template: str | None = None  # replaces the tokenizer's chat template

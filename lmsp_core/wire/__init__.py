@@ -206,6 +206,10 @@ OutputItem = OutputMessage | OutputFunctionCall | OutputReasoning
 ResponseStatus = Literal["in_progress", "completed", "incomplete", "failed", "cancelled"]
 
 
+class InputTokensDetails(Struct, frozen=True, kw_only=True):
+    cached_tokens: int  # prompt tokens whose keys and values the worker already held (not computed again)
+
+
 class OutputTokensDetails(Struct, frozen=True, kw_only=True):
     reasoning_tokens: int
 
@@ -214,7 +218,9 @@ class Usage(Struct, frozen=True, kw_only=True, omit_defaults=True):
     input_tokens: int
     output_tokens: int  # reasoning tokens included
     total_tokens: int
-    # only for models with a reasoning format (not part of LMSP 1.0; clients ignore unknown fields)
+    # not part of LMSP 1.0 (clients ignore unknown fields): only where part of the prompt was cached,
+    # and for models with a reasoning format
+    input_tokens_details: InputTokensDetails | None = None
     output_tokens_details: OutputTokensDetails | None = None
 
 

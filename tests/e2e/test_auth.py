@@ -148,6 +148,23 @@ async def test_tasks_belong_to_their_principal(secure: httpx.AsyncClient, make_t
     await secure.post(f"/lmsp/v1/tasks/{task_id}/cancel", headers=bearer(alice))
 
 
+async def test_cached_prompt_prefixes_are_not_shared_between_principals(secure: httpx.AsyncClient,
+                                                                           make_token: TokenFactory) -> None:
+    alice, _ = await make_token()
+    bob, _ = await make_token()
+
+    async def usage(token: str) -> dict[str, Any]:
+        response = await secure.post("/lmsp/v1/responses", headers=bearer(token),
+                                     json=body(text="Alice's secret plans for the weekend", max_output_tokens=3))
+        assert response.status_code == 200, response.text
+        return dict(response.json()["usage"])
+
+    first, again, bobs = await usage(alice), await usage(alice), await usage(bob)
+    assert "input_tokens_details" not in first
+    assert again["input_tokens_details"] == {"cached_tokens": again["input_tokens"] - 1}
+    assert "input_tokens_details" not in bobs  # a fast first token would tell bob how alice's prompt began
+
+
 async def test_token_cli_create_list_revoke(secure_api: Api, secure: httpx.AsyncClient,
                                             redis_server: RedisServer, redis: aioredis.Redis) -> None:
     env = service_env(redis_server.url)

@@ -13,7 +13,9 @@ def test_throughput_benchmark_runs_and_reports_every_figure() -> None:
                              "--threads", "1"], capture_output=True, text=True, cwd=ROOT, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     table = result.stdout.split("\n\n")[-1]
-    for row in ("1 stream: tokens/s end to end", "1 stream: TTFT p50", "4 streams: aggregate tokens/s",
+    for row in ("1 stream: tokens/s end to end", "1 stream: TTFT p50, the same prompt again (service",
+                "1 stream: TTFT p50, a new prompt each time", "1 stream: TTFT p50, nothing cached",
+                "4 streams: aggregate tokens/s",
                 "fan-out: 50 readers x 22 events, gapless", "fan-out: write-to-receipt delay",
                 "fan-out: API CPU per 1,000 delivered events", "API memory per idle open stream",
                 "resume: Last-Event-ID to first replayed event", "Redis bytes per stored event",

@@ -167,6 +167,80 @@ async def test_grammar_constrained_and_free_sequences_share_a_batch(tiny: loader
     document = json.loads(text)
     assert document["size"] in ("small", "large") and set(document) <= {"size", "count"}
 
+async def generate_in_turn(engine: Engine, generations: list[tuple[list[int], int, str]]) -> list[Generation]:
+    """Each generation (prompt, budget, prefix scope) after the one before has finished; their tokens
+    are the sinks' (``Collector``)."""
+    done = []
+    for prompt, budget, scope in generations:
+        sink = Collector()
+        seq = Generation(prompt, budget, RowSampler(SamplingParams()), [], sink, prefix_scope=scope)
+        engine.submit(seq)
+        await asyncio.wait_for(sink.done.wait(), 60)
+        done.append(seq)
+    return done
+
+
+def tokens_of(seq: Generation) -> list[int]:
+    assert isinstance(seq.sink, Collector)
+    return seq.sink.tokens
+
+
+async def run_engine(loaded: loader.LoadedModel, generations: list[tuple[list[int], int, str]]) -> list[Generation]:
+    engine = Engine(loaded)
+    runner = asyncio.create_task(engine.run())
+    try:
+        return await generate_in_turn(engine, generations)
+    finally:
+        runner.cancel()
+        engine.close()
+
+
+async def test_a_context_starts_after_the_prefix_a_slot_holds(tiny: loader.LoadedModel) -> None:
+    prompt = list(range(100, 140))
+    first, = await run_engine(tiny, [(prompt, 12, "")])
+    answer = tokens_of(first)
+    other = next(t for t in range(200, 300) if t != answer[5])
+    next_turn = prompt + answer[:5] + [other, 9]
+    elsewhere = list(range(500, 530))  # holds slot 0 meanwhile: the first prompt's prefix is moved aside
+    seqs = await run_engine(tiny, [(prompt, 12, ""), (next_turn, 10, ""), (elsewhere, 5, ""), (prompt, 12, ""),
+                                   (prompt, 12, "someone else")])
+    assert [seq.cached_tokens for seq in seqs] == [0, len(prompt) + 5, 0, len(prompt) - 1, 0]
+    for seq in seqs:  # the same greedy tokens as computed from nothing
+        assert tokens_of(seq) == alone(tiny, seq.prompt_ids, seq.max_new_tokens)
+
+
+async def test_a_joining_context_copies_the_prefix_of_a_running_one(tiny: loader.LoadedModel) -> None:
+    shared = list(range(300, 340))
+    engine = Engine(tiny)
+    runner = asyncio.create_task(engine.run())
+    running, joining = Collector(), Collector()
+    long = Generation([*shared, 1], 60, RowSampler(SamplingParams()), [], running)
+    try:
+        engine.submit(long)
+        while len(running.tokens) < 3:
+            await asyncio.sleep(0.001)
+        late = Generation([*shared, 2, 3], 20, RowSampler(SamplingParams()), [], joining)
+        engine.submit(late)
+        await asyncio.wait_for(asyncio.gather(running.done.wait(), joining.done.wait()), 60)
+    finally:
+        runner.cancel()
+        engine.close()
+    assert late.cached_tokens == len(shared)  # copied from the running sequence's slot into its own
+    assert joining.tokens == alone(tiny, [*shared, 2, 3], 20)
+    assert running.tokens == alone(tiny, [*shared, 1], 60)  # the copy left its source as it was
+
+
+async def test_prefix_reuse_is_a_model_setting(tiny: loader.LoadedModel) -> None:
+    import dataclasses
+
+    import msgspec
+
+    off = dataclasses.replace(tiny, spec=msgspec.structs.replace(tiny.spec, reuse_prefixes=False))
+    seqs = await run_engine(off, [([5, 6, 7, 8], 6, ""), ([5, 6, 7, 8], 6, "")])
+    assert [seq.cached_tokens for seq in seqs] == [0, 0]
+    assert tokens_of(seqs[0]) == tokens_of(seqs[1])
+
+
 def test_llama_8b_random_has_the_8b_shape() -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

@@ -162,6 +162,10 @@ async def test_previous_response_id_carries_the_conversation(sdk: openai.AsyncOp
         {"role": "user", "content": "My name is Ada."}, {"role": "assistant", "content": first.output_text},
         {"role": "user", "content": "My name?"}])
     assert second.output_text == by_hand.output_text
+    # the same context again: all of it but its last token is still in the worker's KV slot
+    assert by_hand.usage is not None and second.usage is not None
+    assert by_hand.usage.input_tokens == second.usage.input_tokens
+    assert by_hand.usage.input_tokens_details.cached_tokens == by_hand.usage.input_tokens - 1
     fresh = await sdk.responses.create(model=MODEL, store=False, input="My name?", max_output_tokens=6)
     assert fresh.output_text != second.output_text  # the context made the difference
 
@@ -253,7 +257,12 @@ async def test_a_chat_completion_and_its_stream(sdk: openai.AsyncOpenAI) -> None
     assert chunks[0].choices[0].delta.role == "assistant"
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == choice.message.content
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
-    assert not chunks[-1].choices and chunks[-1].usage == completion.usage  # the usage chunk comes last
+    usage = chunks[-1].usage  # the usage chunk comes last
+    assert not chunks[-1].choices and usage is not None
+    assert (usage.prompt_tokens, usage.completion_tokens) == (completion.usage.prompt_tokens, 7)
+    # the same prompt again: all of it but its last token was still in the worker's KV slot
+    assert usage.prompt_tokens_details is not None
+    assert usage.prompt_tokens_details.cached_tokens == usage.prompt_tokens - 1
     assert {chunk.id for chunk in chunks} == {chunks[0].id}
 
 

@@ -46,7 +46,10 @@ async def test_synchronous_response_has_the_shape_of_6_2(client: httpx.AsyncClie
     [part] = item["content"]
     assert part["type"] == "output_text" and part["text"]
     expected_input = await prompt_tokens(redis, "tiny-random", "Describe a local model service.")
-    assert data["usage"] == {"input_tokens": expected_input, "output_tokens": 5, "total_tokens": expected_input + 5}
+    usage = dict(data["usage"])
+    cached = usage.pop("input_tokens_details", {"cached_tokens": 0})  # the chat template's start, kept in a slot
+    assert 0 <= cached["cached_tokens"] < expected_input
+    assert usage == {"input_tokens": expected_input, "output_tokens": 5, "total_tokens": expected_input + 5}
 
 
 async def test_greedy_is_the_default_and_is_deterministic(client: httpx.AsyncClient) -> None:
@@ -57,6 +60,16 @@ async def test_greedy_is_the_default_and_is_deterministic(client: httpx.AsyncCli
     )
     texts = {r.json()["output"][0]["content"][0]["text"] for r in (first, second, zero)}
     assert len(texts) == 1
+
+
+async def test_a_repeated_prompt_starts_from_its_cached_prefix(client: httpx.AsyncClient) -> None:
+    text = "Asked twice, word for word"
+    first, second = [(await client.post("/lmsp/v1/responses", json=body(text=text, max_output_tokens=6))).json()
+                     for _ in range(2)]
+    assert second["output"][0]["content"] == first["output"][0]["content"]
+    usage = second["usage"]
+    assert usage["input_tokens_details"] == {"cached_tokens": usage["input_tokens"] - 1}
+    assert first["usage"].get("input_tokens_details", {"cached_tokens": 0})["cached_tokens"] < usage["input_tokens"] - 1
 
 
 async def test_sampling_with_temperature(client: httpx.AsyncClient) -> None:

@@ -155,14 +155,22 @@ async def test_a_long_prompt_joins_in_chunks_between_decoding_steps(tiny: loader
     assert engine.model.cache.layer(0)[0] is keys
 
 
+def fitted(engine: Engine, chunks: list[tuple[int, float]], last_chunked: int) -> scheduler.Scheduler:
+    """The engine's scheduler as if it had run 100 ms decoding steps and steps with ``chunks`` (prompt
+    tokens at position 40, seconds they added), the last with ``last_chunked`` tokens."""
+    chosen = engine._scheduler
+    chosen._decode_seconds = 0.1
+    for tokens, seconds in chunks:
+        chosen._chunk_cost.add(tokens, tokens * 40, seconds)
+    chosen._last_chunked = last_chunked
+    return chosen
+
+
 def test_a_chunk_beside_decoding_grows_at_most_by_half(tiny: loader.LoadedModel) -> None:
     engine = Engine(tiny)
     try:
-        chosen = engine._scheduler
-        chosen._decode_seconds = 0.1
-        for tokens in (10, 10, 10):
-            chosen._chunk_cost.add(tokens, tokens * 40, 1e-6)  # measured as free: the fit alone would take MAX_CHUNK
-        chosen._last_chunked = 10
+        # measured as free: the fit alone would take MAX_CHUNK
+        chosen = fitted(engine, [(10, 1e-6), (10, 1e-6), (10, 1e-6)], last_chunked=10)
         assert chosen._chunk_budget(decoding=2, joining=1, start=40) == 15
         assert chosen._chunk_budget(decoding=0, joining=1, start=40) == scheduler.PREFILL_TOKENS  # nobody to stall
     finally:
@@ -172,11 +180,8 @@ def test_a_chunk_beside_decoding_grows_at_most_by_half(tiny: loader.LoadedModel)
 def test_prompts_waiting_beside_fewer_decoding_streams_take_more_per_step(tiny: loader.LoadedModel) -> None:
     engine = Engine(tiny)
     try:
-        chosen = engine._scheduler
-        chosen._decode_seconds = 0.1
-        for tokens in (10, 20, 30):
-            chosen._chunk_cost.add(tokens, tokens * 40, 0.001 * tokens)  # 1 ms a prompt token
-        chosen._last_chunked = 400  # growth not what limits it here
+        # 1 ms a prompt token; growth not what limits it here
+        chosen = fitted(engine, [(tokens, 0.001 * tokens) for tokens in (10, 20, 30)], last_chunked=400)
         one_joining = chosen._chunk_budget(decoding=2, joining=1, start=40)
         assert 55 <= one_joining <= 60  # STALL of a 100 ms step
         # four prompts wait beside one decoding stream: their wait weighs four times its stall

@@ -167,18 +167,6 @@ async def test_grammar_constrained_and_free_sequences_share_a_batch(tiny: loader
     document = json.loads(text)
     assert document["size"] in ("small", "large") and set(document) <= {"size", "count"}
 
-async def generate_in_turn(engine: Engine, generations: list[tuple[list[int], int, str]]) -> list[Generation]:
-    """Each generation (prompt, budget, prefix scope) after the one before has finished; their tokens
-    are the sinks' (``Collector``)."""
-    done = []
-    for prompt, budget, scope in generations:
-        sink = Collector()
-        seq = Generation(prompt, budget, RowSampler(SamplingParams()), [], sink, prefix_scope=scope)
-        engine.submit(seq)
-        await asyncio.wait_for(sink.done.wait(), 60)
-        done.append(seq)
-    return done
-
 
 def tokens_of(seq: Generation) -> list[int]:
     assert isinstance(seq.sink, Collector)
@@ -186,10 +174,18 @@ def tokens_of(seq: Generation) -> list[int]:
 
 
 async def run_engine(loaded: loader.LoadedModel, generations: list[tuple[list[int], int, str]]) -> list[Generation]:
+    """On an engine of its own, each generation (prompt, budget, prefix scope) after the one before has
+    finished; their tokens are their sinks' (``tokens_of``)."""
     engine = Engine(loaded)
     runner = asyncio.create_task(engine.run())
+    done = []
     try:
-        return await generate_in_turn(engine, generations)
+        for prompt, budget, scope in generations:
+            sink = Collector()
+            done.append(seq := Generation(prompt, budget, RowSampler(SamplingParams()), [], sink, prefix_scope=scope))
+            engine.submit(seq)
+            await asyncio.wait_for(sink.done.wait(), 60)
+        return done
     finally:
         runner.cancel()
         engine.close()

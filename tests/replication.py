@@ -22,7 +22,11 @@ MASTER = "lmsp-test"
 # the services get this URL with the sentinels: nothing listens on port 1, so a connection that
 # ignored the sentinels would fail at once instead of working until the first failover
 UNUSED_URL = "redis://127.0.0.1:1/0"
-DOWN_AFTER_MS = 1000
+# above Sentinel's ping period (1 s): a sentinel that switches to a new primary opens a new link to
+# it and pings it only a period later, so at 1000 the three could find the new primary down a second
+# after promoting it and fail over again (to the old primary, restarted as a replica
+# meanwhile and still empty, where one was there to promote)
+DOWN_AFTER_MS = 2000
 FAILOVER_TIMEOUT_MS = 3000
 
 
@@ -157,7 +161,7 @@ class ReplicatedRedis:
         try:
             await wait_for(synced, timeout=30, what=f"replica {replica.port} to sync")
         except TimeoutError as exc:
-            raise TimeoutError(f"{exc}; its log:\n{replica.output()[-3000:]}") from None
+            raise TimeoutError(f"{exc}; its log:\n{replica.output()[-3000:]}\n{self.sentinel_logs()}") from None
 
     async def wait_settled(self, primary: RedisServer, replica: RedisServer) -> None:
         """Every sentinel names ``primary``, knows the two other sentinels, and sees ``replica`` up
@@ -174,15 +178,29 @@ class ReplicatedRedis:
                     return False
             return True
 
-        await wait_for(settled, timeout=60, what="the sentinels to agree on the primary and its replica")
+        try:
+            await wait_for(settled, timeout=60, what="the sentinels to agree on the primary and its replica")
+        except TimeoutError as exc:
+            raise TimeoutError(f"{exc}; {self.sentinel_logs()}") from None
+
+    def sentinel_logs(self) -> str:
+        """The end of each sentinel's log (what it saw and did), for a failure's message."""
+        return "\n".join(f"sentinel {s.port}:\n{s.output()[-1500:]}" for s in self.sentinels)
 
     async def wait_promoted(self, old: RedisServer) -> RedisServer:
-        """Wait until every sentinel names another primary, which says it is one; return it."""
+        """Wait until every sentinel has ended a failover to another primary, which says it is one;
+        return it. A failover in progress does not count: Sentinel already names the replica it
+        promotes, which already says it is a primary, but the failover can still time out and be
+        tried again with another replica (on a loaded machine it did: the killed node, restarted as
+        a replica meanwhile, empty, was promoted)."""
         async def promoted() -> RedisServer | None:
             ports = set()
             for sentinel in self.sentinels:
                 async with sentinel.client() as client:
-                    ports.add(int((await client.sentinel_get_master_addr_by_name(MASTER))[1]))
+                    master = await client.sentinel_master(MASTER)
+                if "failover_in_progress" in master["flags"].split(","):
+                    return None
+                ports.add(int(master["port"]))
             if len(ports) != 1 or self.node(ports.copy().pop()) is old:
                 return None
             new = self.node(ports.pop())
@@ -193,7 +211,10 @@ class ReplicatedRedis:
                 return None
             return new if role == "master" else None
 
-        new: RedisServer = await wait_for(promoted, timeout=60, what="a replica to be promoted")
+        try:
+            new: RedisServer = await wait_for(promoted, timeout=60, what="a replica to be promoted")
+        except TimeoutError as exc:
+            raise TimeoutError(f"{exc}; {self.sentinel_logs()}") from None
         return new
 
     async def restart_as_replica(self, node: RedisServer) -> None:

@@ -101,7 +101,7 @@ class SentinelServer:
     """``redis-server --sentinel`` watching the primary ``master`` (its config file, which Sentinel
     rewrites, in a directory of its own). Short timeouts, so that a failover takes seconds."""
 
-    def __init__(self, master: str, primary_port: int, down_after_ms: int = 1000,
+    def __init__(self, master: str, primary_port: int, down_after_ms: int = 2000,
                  failover_timeout_ms: int = 3000) -> None:
         self.port = free_port()
         self.dir = Path(tempfile.mkdtemp(prefix="lmsp-sentinel-"))
@@ -131,6 +131,10 @@ class SentinelServer:
 
     def client(self) -> aioredis.Redis:
         return aioredis.Redis(port=self.port, decode_responses=True)
+
+    def output(self) -> str:
+        log = self.dir / "sentinel.log"
+        return log.read_text(errors="replace") if log.exists() else ""
 
 
 class Service:

@@ -30,6 +30,7 @@ from lmsp_core.requests.catalog import Catalog
 from lmsp_core.requests.chat import PromptRenderer
 from lmsp_core.settings import load_settings
 from workers import loader
+from workers.decoder import Decoder
 from workers.engine import Engine, Generation
 from workers.sampling import RowSampler, SamplingParams
 
@@ -69,13 +70,17 @@ class Arrivals(Timing):
         self.times.append(time.perf_counter())
 
 
-async def long_generation(spec: Any, cache: Path, prompt: list[int], tokens: int) -> tuple[float, float]:
+async def long_generation(spec: Any, cache: Path, prompt: list[int], tokens: int,
+                          kernel: bool = True) -> tuple[float, float]:
     """tokens/s over the first 100 and the last 100 tokens of one ``tokens``-token greedy generation
-    (no stop tokens: it runs to its budget), on an engine of its own."""
+    (no stop tokens: it runs to its budget), on an engine of its own; without ``kernel``, decoding
+    rows attend through torch rather than ``workers/attend.c`` (the baseline of that kernel)."""
     engine = Engine(loader.load(spec, cache))
     runner = asyncio.create_task(engine.run())
     try:
         await engine.ready()
+        if not kernel and isinstance(engine.model, Decoder):
+            engine.model.use_attention(None)
         sink = Arrivals()
         engine.submit(Generation(prompt, tokens, RowSampler(SamplingParams()), [], sink))
         await sink.done.wait()

@@ -25,6 +25,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional
 
+from workers.attention import DecodeAttention
 from workers.cudagraphs import StepGraphs
 from workers.kvslots import KvSlots, StepPlan
 from workers.weights import GROUP, Linear, frozen, int8_codes, on_int4_grid, on_int8_grid
@@ -35,8 +36,9 @@ ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
 PREFILL_ROWS = 32  # the product size prepacked layers are laid out for
 REFINED = 16  # logits of each row computed again on the dense weights where the output layer is packed
 ATTENTION_BLOCK = 256  # with CUDA graphs, attention lengths are rounded up to this (fewer graphs)
-# a step's decoding rows: how many, how many columns of their slots they attend to, and which (None: all)
-Decoding = tuple[int, int, Tensor | None]
+# a step's decoding rows: how many, how many columns of their slots they attend to, which (None: all),
+# and the last column each attends to (for ``attention.DecodeAttention``; None: torch's attention)
+Decoding = tuple[int, int, Tensor | None, np.ndarray | None]
 
 
 def unsupported_reason(model: Any) -> str | None:
@@ -163,6 +165,7 @@ class Decoder(nn.Module):
         self.register_buffer("sin", sin, persistent=False)
         self.register_buffer("columns", torch.arange(positions, device=device), persistent=False)
         self.compiled = compile
+        self.attention: DecodeAttention | None = None  # decoding rows' attention on a CPU (``use_attention``)
         self.graphs = compile and device.type == "cuda"
         self._decode = self.logits
         self._graphs: StepGraphs | None = None
@@ -175,6 +178,11 @@ class Decoder(nn.Module):
     @property
     def slots(self) -> int:
         return self.cache.slots
+
+    def use_attention(self, attention: DecodeAttention | None) -> None:
+        """Decoding rows attend through ``attention`` (``workers.attention``) where it supports the
+        step; eager steps only (a compiled step keeps torch's)."""
+        self.attention = attention
 
     def prepack(self) -> None:
         """Lay the dense weights out for the CPU's matrix library (``weights.can_prepack``): layers for
@@ -265,12 +273,13 @@ class Decoder(nn.Module):
         # rows that all attend to every column of the step (one stream) need no mask
         mask = None if (limits >= length - 1).all() else self._mask(limits, length)
         segments = tuple((chunk.slot, chunk.start, chunk.end) for chunk in plan.chunks)
-        hidden = self.forward(tokens_, positions_, slots_, (rows, length, mask), segments)
+        decoding = (rows, length, mask, np.minimum(limits, length - 1))
+        hidden = self.forward(tokens_, positions_, slots_, decoding, segments)
         return self._output(rms_norm(hidden[wanted], self.norm, self.eps), decoding=len(plan.feeds))
 
     def logits(self, tokens: Tensor, positions: Tensor, slots: Tensor, mask: Tensor) -> Tensor:
         """A decoding-only step's logits of every row (the step that is compiled)."""
-        hidden = self.forward(tokens, positions, slots, (mask.shape[0], mask.shape[-1], mask), ())
+        hidden = self.forward(tokens, positions, slots, (mask.shape[0], mask.shape[-1], mask, None), ())
         return self._output(rms_norm(hidden, self.norm, self.eps), decoding=0)
 
     def _output(self, hidden: Tensor, decoding: int) -> Tensor:
@@ -372,8 +381,10 @@ class Decoder(nn.Module):
                 segments: tuple[tuple[int, int, int], ...]) -> Tensor:
         _, kv_heads, head_dim = self.shape
         parts = []
-        rows, length, mask = decoding
-        if rows:
+        rows, length, mask, limits = decoding
+        if rows and limits is not None and self.attention is not None and self.attention.supports(q, keys):
+            parts.append(self.attention(q[:rows], keys, values, limits))
+        elif rows:
             # the queries that share a key head attend as one block: no repeated keys
             grouped = q[:rows].view(rows, kv_heads, self.group, head_dim)
             parts.append(functional.scaled_dot_product_attention(

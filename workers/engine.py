@@ -17,6 +17,7 @@ from typing import Literal
 import torch
 from tokenizers import Tokenizer
 
+from workers import attention
 from workers.decoder import Decoder, unsupported_reason
 from workers.generation import Finish, Generation, Sink
 from workers.hfslots import HfSlots
@@ -45,6 +46,9 @@ def slot_model(loaded: LoadedModel, compile: bool) -> SlotModel:
             loaded.exact_weights.clear()
         if loaded.device.type == "cpu" and can_prepack(loaded.dtype):
             decoder.prepack()
+        if loaded.device.type == "cpu" and loaded.kernel_dir is not None:
+            head_dim = decoder.shape[2]
+            decoder.use_attention(attention.load(loaded.kernel_dir, decoder.group, head_dim, spec.context_window))
         return decoder
     logger.warning("model %s: the slot decoder does not support %s; running transformers' forward pass "
                    "one sequence at a time (slower)", spec.id, reason)

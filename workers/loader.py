@@ -11,6 +11,7 @@
 - ``hf-dir:<path>``: a transformers model directory.
 """
 
+import dataclasses
 import logging
 import os
 import shutil
@@ -45,6 +46,8 @@ class LoadedModel:
     int4_rows: int = 0
     # a dense product of prompt rows takes up to this many decoding rows along (``precision.merge_rows``)
     merge_rows: int = 0
+    # where code built for this host is kept (``workers.attention``; None: nothing is built)
+    kernel_dir: Path | None = None
 
     @property
     def dtype(self) -> torch.dtype:
@@ -79,6 +82,10 @@ LLAMA_SHAPES: dict[str, dict[str, Any]] = {
 
 
 def load(spec: ModelSpec, cache_dir: Path) -> LoadedModel:
+    return dataclasses.replace(_load(spec, cache_dir), kernel_dir=cache_dir / "kernels")
+
+
+def _load(spec: ModelSpec, cache_dir: Path) -> LoadedModel:
     device = pick_device(spec)
     dtype = pick_dtype(spec, device, cache_dir)
     kind, _, location = spec.source.partition(":")

@@ -16,7 +16,7 @@ from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig, MistralC
 from lmsp_core.requests.catalog import TINY_RANDOM
 from lmsp_core.settings import load_settings
 from tests.e2e.test_engine import Collector
-from workers import loader, precision, scheduler, weights
+from workers import attention, loader, precision, scheduler, weights
 from workers.decoder import REFINED, Decoder, unsupported_reason
 from workers.engine import Engine, Finish, Generation
 from workers.hfslots import HfSlots
@@ -71,13 +71,19 @@ def forced_logits(model: Decoder, prompt: list[int], tokens: list[int]) -> torch
     return torch.stack(steps)
 
 
+@pytest.mark.parametrize("kernel", [False, True], ids=["torch attention", "attend.c"])
 @pytest.mark.parametrize("kind", CONFIGS)
-def test_the_slot_decoder_matches_transformers(kind: str) -> None:
+def test_the_slot_decoder_matches_transformers(kind: str, kernel: bool,
+                                               tmp_path_factory: pytest.TempPathFactory) -> None:
     model = random_model(CONFIGS[kind])
     prompt = list(range(7, 40))
     reference = generate(model, prompt, 20)
     assert unsupported_reason(model) is None
     decoder = Decoder(model, slots=3, positions=256)
+    if kernel:  # decoding rows attend through workers/attend.c
+        kernels = tmp_path_factory.getbasetemp() / "kernels"
+        decoder.use_attention(attention.load(kernels, decoder.group, decoder.shape[2], 256))
+        assert decoder.attention is not None
     with torch.inference_mode():
         logits = decoder.run(StepPlan(chunks=[Chunk(0, 0, prompt, True)]))[0]
         expected = model(torch.tensor([prompt])).logits[0, -1]

@@ -80,7 +80,7 @@ async def long_generation(spec: Any, cache: Path, prompt: list[int], tokens: int
     try:
         await engine.ready()
         if not kernel and isinstance(engine.model, Decoder):
-            engine.model.use_attention(None)
+            engine.model.attention = None
         sink = Arrivals()
         engine.submit(Generation(prompt, tokens, RowSampler(SamplingParams()), [], sink))
         await sink.done.wait()

@@ -17,7 +17,7 @@ from typing import Literal
 import torch
 from tokenizers import Tokenizer
 
-from workers import attention
+from workers import kernels
 from workers.decoder import Decoder, unsupported_reason
 from workers.generation import Finish, Generation, Sink
 from workers.hfslots import HfSlots
@@ -47,8 +47,7 @@ def slot_model(loaded: LoadedModel, compile: bool) -> SlotModel:
         if loaded.device.type == "cpu" and can_prepack(loaded.dtype):
             decoder.prepack()
         if loaded.device.type == "cpu" and loaded.kernel_dir is not None:
-            head_dim = decoder.shape[2]
-            decoder.use_attention(attention.load(loaded.kernel_dir, decoder.group, head_dim, spec.context_window))
+            decoder.use_kernels(kernels.load(loaded.kernel_dir))
         return decoder
     logger.warning("model %s: the slot decoder does not support %s; running transformers' forward pass "
                    "one sequence at a time (slower)", spec.id, reason)

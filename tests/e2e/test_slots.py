@@ -16,7 +16,7 @@ from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig, MistralC
 from lmsp_core.requests.catalog import TINY_RANDOM
 from lmsp_core.settings import load_settings
 from tests.e2e.test_engine import Collector
-from workers import attention, loader, precision, scheduler, weights
+from workers import kernels, loader, precision, scheduler, weights
 from workers.decoder import REFINED, Decoder, unsupported_reason
 from workers.engine import Engine, Finish, Generation
 from workers.hfslots import HfSlots
@@ -81,8 +81,7 @@ def test_the_slot_decoder_matches_transformers(kind: str, kernel: bool,
     assert unsupported_reason(model) is None
     decoder = Decoder(model, slots=3, positions=256)
     if kernel:  # decoding rows attend through workers/attend.c
-        kernels = tmp_path_factory.getbasetemp() / "kernels"
-        decoder.use_attention(attention.load(kernels, decoder.group, decoder.shape[2], 256))
+        decoder.use_kernels(kernels.load(tmp_path_factory.getbasetemp() / "kernels"))
         assert decoder.attention is not None
     with torch.inference_mode():
         logits = decoder.run(StepPlan(chunks=[Chunk(0, 0, prompt, True)]))[0]
@@ -307,17 +306,24 @@ def test_4_bit_weights_only_where_they_lose_nothing(monkeypatch: pytest.MonkeyPa
     assert unpacked.typed_layers[0].qkv.int4 is None
 
 
-def test_an_output_layer_in_8_bits_runs_on_8_bit_groups() -> None:
-    """GGUF models keep the output layer in Q8_0 (a code -127..127 per weight, a float16 scale per
-    32): the decoding steps run it on those codes, as close to the exact logits as the 4-bit layers
-    are; an output layer on no such grid stays dense unless the spec asks for lossy packing."""
+def q8_output_model() -> tuple[Any, dict[str, torch.Tensor]]:
+    """A random llama whose output layer is on Q8_0's grid, and its float32 weights by name."""
     model = random_model(CONFIGS["llama"])
     with torch.no_grad():
         groups = model.lm_head.weight.view(model.lm_head.weight.shape[0], -1, 32)
         scale = (groups.abs().amax(-1, keepdim=True) / 127).half().float()
-        q8 = (groups / scale).round().clamp(-127, 127)
-        groups.copy_(q8 * scale)
-    exact = {name: weight.detach().clone() for name, weight in model.named_parameters() if weight.dim() == 2}
+        groups.copy_((groups / scale).round().clamp(-127, 127) * scale)
+    return model, {name: weight.detach().clone() for name, weight in model.named_parameters() if weight.dim() == 2}
+
+
+def test_an_output_layer_in_8_bits_runs_on_8_bit_groups() -> None:
+    """GGUF models keep the output layer in Q8_0 (a code -127..127 per weight, a float16 scale per
+    32): the decoding steps run it on those codes, as close to the exact logits as the 4-bit layers
+    are; an output layer on no such grid stays dense unless the spec asks for lossy packing."""
+    model, exact = q8_output_model()
+    groups = exact["lm_head.weight"].view(exact["lm_head.weight"].shape[0], -1, 32)
+    scale = (groups.abs().amax(-1, keepdim=True) / 127).half().float()
+    q8 = (groups / scale).round().clamp(-127, 127)
     assert on_int8_grid(exact["lm_head.weight"]) and not on_int4_grid(exact["lm_head.weight"])
     codes, scales_zeros = int8_groups(exact["lm_head.weight"])
     x = torch.randn(3, 64, generator=torch.Generator().manual_seed(0))
@@ -358,6 +364,41 @@ def test_an_output_layer_in_8_bits_runs_on_8_bit_groups() -> None:
     lossy = Decoder(random_model(CONFIGS["llama"]), slots=2, positions=256)
     lossy.pack_int4(other, rows=4, lossless_only=False)
     assert lossy.lm_head.inputs_twice
+
+
+def test_on_one_thread_the_8_bit_output_layer_runs_through_kernels_c(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """With AVX512-VNNI and one thread, the output layer's 8-bit codes multiply inputs quantised to
+    8 bits per 32 (``kernels.c``) instead of the 4-bit kernel run twice: about as close to the exact
+    logits, the highest refined to exactly the dense model's, the same greedy tokens."""
+    built = kernels.load(tmp_path)
+    if built is None or not built.int8_vectorised:
+        pytest.skip("kernels.c's 8-bit product is vectorised with AVX512-VNNI only")
+    model, exact = q8_output_model()
+    prompt, dense = list(range(10, 30)), Decoder(model, slots=2, positions=256)
+    tokens = decode_greedy(dense, prompt, 16)
+    expected = forced_logits(dense, prompt, tokens)
+    twice = Decoder(model, slots=2, positions=256)
+    twice.pack_int4(exact, rows=4, lossless_only=True)
+    through_c = Decoder(model, slots=2, positions=256)
+    through_c.pack_int4(exact, rows=4, lossless_only=True)
+    through_c.use_kernels(built)
+    through_c.attention = None  # the output layer alone differs from the dense decoder
+    calls = []
+    product = built.int8_product
+    monkeypatch.setattr(built, "int8_product", lambda *args: calls.append(1) or product(*args))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        got, baseline = forced_logits(through_c, prompt, tokens), forced_logits(twice, prompt, tokens)
+        assert len(calls) == 1 + len(tokens)  # the prompt's last token, then every step
+        assert decode_greedy(through_c, prompt, 16) == tokens
+    finally:
+        torch.set_num_threads(threads)
+    error = float((got - expected).norm() / expected.norm())
+    assert 0 < error <= 2 * float((baseline - expected).norm() / expected.norm())
+    top = expected.topk(REFINED // 2, dim=-1).indices
+    torch.testing.assert_close(got.gather(-1, top), expected.gather(-1, top), rtol=0, atol=1e-5)
 
 
 def test_the_cpu_precision_is_measured_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

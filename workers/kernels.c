@@ -1,13 +1,25 @@
-/* Decoding rows' attention on a CPU (workers/attention.py builds and calls it).
+/* CPU kernels of the decoding step (workers/kernels.py builds them for the host's CPU and loads them).
 
-   Row r is one decoding sequence's query, in slot r of the KV slots: its queries attend to
+   attend_*: decoding rows' attention (workers/attention.py). Row r is one decoding sequence's query, in slot r of the KV slots: its queries attend to
    positions 0..limits[r] of that slot (a limit below 0: the row's output is zeros). The queries of
    one key head's group share each key and value as it is read; scores, softmax and sums are
-   float32 whatever the cache's dtype. Single-threaded: a call per layer, one thread. */
+   float32 whatever the cache's dtype.
+
+   int8_*: a product with weights in 8-bit groups as GGUF's Q8_0 holds them (a code from -127 to 127
+   per weight, a scale per 32), the output layer's (workers/decoder.py): the inputs are quantised the
+   same way, 8 bits per 32 (as llama.cpp does), so that AVX512-VNNI multiplies the codes as integers.
+
+   Single-threaded: one call at a time per model thread. */
 
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512F__)
+#include <immintrin.h>
+#define INT8_VECTORISED 1
+#else
+#define INT8_VECTORISED 0
+#endif
 
 #define MAX_GROUP 16
 #define MAX_DIM 256
@@ -104,3 +116,78 @@ static void softmax(float *s, int64_t length) {
 
 DEFINE_ATTEND(bf16, uint16_t, from_bf16, to_bf16)
 DEFINE_ATTEND(f32, float, from_f32, to_f32)
+
+#define GROUP 32
+
+int int8_vectorised(void) { return INT8_VECTORISED; }
+
+/* x [rows, k] float32 -> xq [rows, k] int8 and, per group of 32, its scale dx and corr =
+   128 * dx * sum(xq) (the products below take the codes as unsigned: code + 128). */
+void int8_quantize(const float *x, int64_t rows, int64_t k, int8_t *xq, float *dx, float *corr) {
+    int64_t groups = k / GROUP;
+    for (int64_t r = 0; r < rows; r++) {
+        for (int64_t g = 0; g < groups; g++) {
+            const float *xs = x + r * k + g * GROUP;
+            float top = 0.0f;
+            for (int i = 0; i < GROUP; i++) top = fmaxf(top, fabsf(xs[i]));
+            float d = top / 127.0f;
+            float inv = d > 0.0f ? 1.0f / d : 0.0f;
+            int32_t sum = 0;
+            int8_t *q = xq + r * k + g * GROUP;
+            for (int i = 0; i < GROUP; i++) {
+                int32_t v = (int32_t)lrintf(xs[i] * inv);
+                q[i] = (int8_t)v;
+                sum += v;
+            }
+            dx[r * groups + g] = d;
+            corr[r * groups + g] = 128.0f * d * (float)sum;
+        }
+    }
+}
+
+/* One weight row against one quantised input row: sum over groups of scale * dx * (codes . xq). */
+static float int8_row(const int8_t *w, const float *s, const int8_t *xr, const float *dr, const float *cr,
+                      int64_t groups) {
+    int64_t g = 0;
+    float total = 0.0f;
+#if INT8_VECTORISED
+    const __m512i flip = _mm512_set1_epi8((char)0x80); /* code + 128 as unsigned bytes */
+    __m512 acc = _mm512_setzero_ps();
+    for (; g + 2 <= groups; g += 2) { /* two groups: 64 bytes, 16 sums of 4 products */
+        __m512i wv = _mm512_xor_si512(_mm512_loadu_si512(w + g * GROUP), flip);
+        __m512i xv = _mm512_loadu_si512(xr + g * GROUP);
+        __m512i sums = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv, xv);
+        __m512 lanes = _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(s[g] * dr[g]), _mm512_set1_ps(s[g + 1] * dr[g + 1]));
+        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums), lanes, acc);
+    }
+    int64_t h = 0;
+    for (; h + 16 <= groups; h += 16)
+        acc = _mm512_fnmadd_ps(_mm512_loadu_ps(s + h), _mm512_loadu_ps(cr + h), acc);
+    if (h < groups) {
+        __mmask16 m = (__mmask16)((1u << (groups - h)) - 1);
+        acc = _mm512_fnmadd_ps(_mm512_maskz_loadu_ps(m, s + h), _mm512_maskz_loadu_ps(m, cr + h), acc);
+    }
+    total = _mm512_reduce_add_ps(acc);
+#else
+    for (int64_t h = 0; h < groups; h++) total -= s[h] * cr[h];
+#endif
+    for (; g < groups; g++) {
+        int32_t sum = 0;
+        for (int i = 0; i < GROUP; i++) sum += ((int32_t)w[g * GROUP + i] + 128) * (int32_t)xr[g * GROUP + i];
+        total += s[g] * dr[g] * (float)sum;
+    }
+    return total;
+}
+
+/* out [rows, n] float32 = x . w for codes [n, k] int8 and scales [n, k / 32] float32 (x quantised by
+   int8_quantize: xq, dx, corr). */
+void int8_product(const int8_t *xq, const float *dx, const float *corr, int64_t rows, const int8_t *codes,
+                  const float *scales, int64_t n, int64_t k, float *out) {
+    int64_t groups = k / GROUP;
+    for (int64_t j = 0; j < n; j++) {
+        for (int64_t r = 0; r < rows; r++) {
+            out[r * n + j] = int8_row(codes + j * k, scales + j * groups, xq + r * k, dx + r * groups,
+                                      corr + r * groups, groups);
+        }
+    }
+}

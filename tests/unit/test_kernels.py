@@ -1,0 +1,126 @@
+"""The CPU kernels (workers/kernels.c) against torch: decoding rows' attention and the 8-bit product."""
+
+import logging
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch.nn import functional
+
+from workers import attention, kernels
+from workers.weights import int8_codes
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> kernels.Kernels:
+    loaded = kernels.load(tmp_path_factory.mktemp("kernels"))
+    assert loaded is not None
+    return loaded
+
+
+def reference(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, limits: list[int]) -> torch.Tensor:
+    """torch's attention in float64 over each row's own slot, up to its limit (zeros below 0)."""
+    rows, heads, head_dim = q.shape
+    kv_heads = keys.shape[1]
+    out = torch.zeros(rows, heads, head_dim, dtype=torch.float64)
+    for r, limit in enumerate(limits):
+        if limit >= 0:
+            out[r] = functional.scaled_dot_product_attention(
+                q[r, :, None].double(), keys[r, :, :limit + 1].double(), values[r, :, :limit + 1].double(),
+                enable_gqa=heads != kv_heads)[:, 0]
+    return out.flatten(1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("kv_heads", "group", "head_dim"), [(3, 3, 64), (2, 4, 128), (2, 2, 16), (4, 1, 32)])
+def test_the_kernel_attends_as_torch_does(built: kernels.Kernels, dtype: torch.dtype, kv_heads: int, group: int,
+                                          head_dim: int) -> None:
+    positions, limits = 300, [299, 0, 136, -1]
+    kernel = attention.decode_attention(built, group, head_dim, positions)
+    assert kernel is not None
+    generator = torch.Generator().manual_seed(head_dim)
+    keys, values = (torch.randn(5, kv_heads, positions, head_dim, generator=generator).to(dtype) for _ in range(2))
+    fused = torch.randn(len(limits), kv_heads * (group + 2), head_dim, generator=generator).to(dtype)
+    q = fused[:, :kv_heads * group]  # a view, as the decoder's queries are (rows further apart)
+    assert kernel.supports(q, keys)
+    got = kernel(q, keys, values, np.asarray(limits))
+    assert got.dtype == dtype and got.shape == (len(limits), kv_heads * group * head_dim)
+    tolerance = 1e-5 if dtype == torch.float32 else 1e-2  # bfloat16: its rounding of the result
+    torch.testing.assert_close(got.double(), reference(q, keys, values, limits), rtol=tolerance, atol=tolerance)
+    assert not got[3].any()  # a row below 0 attends to nothing
+
+
+def test_shapes_beyond_the_kernel_are_left_to_torch(built: kernels.Kernels) -> None:
+    assert attention.decode_attention(built, attention.MAX_GROUP + 1, 64, 16) is None
+    assert attention.decode_attention(built, 2, attention.MAX_DIM * 2, 16) is None
+    assert attention.decode_attention(None, 2, 64, 16) is None
+    kernel = attention.decode_attention(built, 2, 64, 16)
+    assert kernel is not None
+    keys = torch.zeros(1, 1, 16, 64)
+    assert not kernel.supports(torch.zeros(1, 2, 64, dtype=torch.float16), keys.half())  # a dtype it lacks
+    assert not kernel.supports(torch.zeros(1, 2, 64), keys.bfloat16())  # queries and keys differ
+    assert not kernel.supports(torch.zeros(1, 3, 64), keys)  # not its group
+    assert not kernel.supports(torch.zeros(1, 2, 64), torch.zeros(1, 1, 17, 64))  # more positions than its scratch
+    with pytest.raises(ValueError, match="does not take"):
+        kernel(torch.zeros(1, 2, 64), keys, torch.zeros(1, 1, 8, 64), np.asarray([3]))
+    with pytest.raises(ValueError, match="refused"):
+        kernel(torch.zeros(1, 2, 64), keys, keys, np.asarray([16]))  # past the slot's positions
+
+
+@pytest.mark.parametrize(("rows", "n", "k"), [(1, 1000, 576), (3, 70, 96), (2, 33, 64)])
+def test_the_8_bit_product_is_the_product_of_the_quantised_inputs(built: kernels.Kernels, rows: int, n: int,
+                                                                    k: int) -> None:
+    """Exactly (to float32 sums) the product of the codes with the inputs quantised to 8 bits per
+    32, as llama.cpp's Q8_0; within that quantisation of the float64 product. Odd group counts too."""
+    generator = torch.Generator().manual_seed(k)
+    weights = torch.randn(n, k, generator=generator) * 0.05
+    codes, scales = int8_codes(weights)
+    x = torch.randn(rows, k, generator=generator)
+    got = built.int8_product(x, codes, scales)
+    assert got.shape == (rows, n) and got.dtype == torch.float32
+    groups = x.view(rows, k // 32, 32)
+    step = groups.abs().amax(-1, keepdim=True) / 127
+    quantised = (torch.round(groups / step) * step).view(rows, k)
+    exact_codes = (codes.view(n, k // 32, 32).double() * scales[..., None].double()).view(n, k)
+    torch.testing.assert_close(got.double(), quantised.double() @ exact_codes.T, rtol=1e-4, atol=1e-4)
+    full = x.double() @ exact_codes.T
+    assert (got.double() - full).abs().max() < 0.02 * full.abs().max()
+
+
+def test_the_8_bit_product_refuses_what_it_cannot_take(built: kernels.Kernels) -> None:
+    codes, scales = int8_codes(torch.randn(8, 64))
+    with pytest.raises(ValueError, match="does not take"):
+        built.int8_product(torch.zeros(1, 48), codes, scales)  # not the weights' inputs
+    with pytest.raises(ValueError, match="does not take"):
+        built.int8_product(torch.zeros(1, 64), codes.float(), scales)
+
+
+def test_they_are_built_once_per_host_and_kept(tmp_path: Path) -> None:
+    assert kernels.load(tmp_path) is not None
+    built = list(tmp_path.glob("kernels-*.so"))
+    assert len(built) == 1
+    stamp = built[0].stat().st_mtime_ns
+    assert kernels.load(tmp_path) is not None
+    assert built[0].stat().st_mtime_ns == stamp and list(tmp_path.glob("*.so")) == built
+
+
+def test_without_a_compiler_the_step_runs_on_torch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                   caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
+    with caplog.at_level(logging.WARNING, logger="workers.kernels"):
+        assert kernels.load(tmp_path) is None
+    assert "no C compiler" in caplog.text
+    assert not list(tmp_path.glob("*.so"))
+
+
+def test_a_failed_build_leaves_nothing_behind(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                              caplog: pytest.LogCaptureFixture) -> None:
+    compiler = tmp_path / "broken-cc"
+    compiler.write_text("#!/bin/sh\n[ \"$1\" = --version ] && echo broken 1.0 && exit 0\necho no >&2\nexit 1\n")
+    compiler.chmod(0o755)
+    monkeypatch.setenv("CC", str(compiler))
+    with caplog.at_level(logging.WARNING, logger="workers.kernels"):
+        assert kernels.load(tmp_path / "kernels") is None
+    assert "did not build" in caplog.text
+    assert not list((tmp_path / "kernels").iterdir())

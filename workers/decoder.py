@@ -169,6 +169,7 @@ class Decoder(nn.Module):
         self.attention: DecodeAttention | None = None  # decoding rows' attention on a CPU (``use_kernels``)
         self._kernels: kernels.Kernels | None = None
         self._output_codes: tuple[Tensor, Tensor] | None = None  # the output layer's 8-bit codes and scales
+        self._output_int8: kernels.GroupedWeights | None = None  # the same for kernels.c (``_int8_logits``)
         self.graphs = compile and device.type == "cuda"
         self._decode = self.logits
         self._graphs: StepGraphs | None = None
@@ -183,9 +184,10 @@ class Decoder(nn.Module):
         return self.cache.slots
 
     def use_kernels(self, built: kernels.Kernels | None) -> None:
-        """Run decoding rows' attention (``workers.attention``) and the output layer's 8-bit product
-        (``_int8_logits``) through ``built`` where they apply; eager steps only (a compiled step keeps
-        torch's). None: torch alone."""
+        """Run decoding rows' attention (``workers.attention``), the output layer's 8-bit product
+        (``_int8_logits``) and, where ``pack_int4`` packs after this, the layers' 4-bit products
+        (``weights.Linear.use_native``) through ``built`` where they apply; eager steps only (a compiled
+        step keeps torch's). None: torch alone."""
         _, _, head_dim = self.shape
         self._kernels = built
         self.attention = decode_attention(built, self.group, head_dim, self.cache.positions)
@@ -218,8 +220,11 @@ class Decoder(nn.Module):
             return False
         if lossless_only and not all(on_int4_grid(source) for _, source in sources):
             return False
+        native = self._kernels is not None and self._kernels.products_run_here()
         for linear, source in sources:
             linear.pack_int4(source, rows, merge_rows)
+            if native and self._kernels is not None:
+                linear.use_native(self._kernels.int4_weights(source))
         return True
 
     def _pack_output(self, source: Tensor, rows: int, lossless_only: bool) -> None:
@@ -311,10 +316,12 @@ class Decoder(nn.Module):
         where it runs faster than the 4-bit kernel run twice (AVX512-VNNI, one thread, as few rows as
         that packing takes); None elsewhere."""
         built, codes = self._kernels, self._output_codes
-        if built is None or codes is None or not built.int8_vectorised or hidden.shape[0] > self.lm_head.int4_rows \
-                or not kernels.runs_here("int8") or torch.compiler.is_compiling():
+        if built is None or codes is None or not built.products_run_here() or torch.compiler.is_compiling() \
+                or hidden.shape[0] > self.lm_head.int4_rows:
             return None
-        return built.int8_product(hidden, *codes)
+        if self._output_int8 is None:
+            self._output_int8 = built.int8_weights(*codes)
+        return self._output_int8(hidden)
 
     def _exact_rows(self, top: Tensor) -> Tensor:
         """The output layer's weights of the rows ``top`` in float32, exactly as the model holds them

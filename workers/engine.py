@@ -38,6 +38,8 @@ def slot_model(loaded: LoadedModel, compile: bool) -> SlotModel:
     reason = unsupported_reason(loaded.model)
     if reason is None:
         decoder = Decoder(loaded.model, spec.max_batch_size, spec.context_window, compile=compile)
+        if loaded.device.type == "cpu" and loaded.kernel_dir is not None:  # before packing: it packs for them too
+            decoder.use_kernels(kernels.load(loaded.kernel_dir))
         if loaded.exact_weights:
             packed = decoder.pack_int4(loaded.exact_weights, loaded.int4_rows, lossless_only=spec.weights == "auto",
                                        merge_rows=loaded.merge_rows)
@@ -46,8 +48,6 @@ def slot_model(loaded: LoadedModel, compile: bool) -> SlotModel:
             loaded.exact_weights.clear()
         if loaded.device.type == "cpu" and can_prepack(loaded.dtype):
             decoder.prepack()
-        if loaded.device.type == "cpu" and loaded.kernel_dir is not None:
-            decoder.use_kernels(kernels.load(loaded.kernel_dir))
         return decoder
     logger.warning("model %s: the slot decoder does not support %s; running transformers' forward pass "
                    "one sequence at a time (slower)", spec.id, reason)

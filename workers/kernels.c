@@ -6,13 +6,16 @@
    float32 whatever the cache's dtype.
 
    int8_*: a product with weights in 8-bit groups as GGUF's Q8_0 holds them (a code from -127 to 127
-   per weight, a scale per 32), the output layer's (workers/decoder.py): the inputs are quantised the
-   same way, 8 bits per 32 (as llama.cpp does), so that AVX512-VNNI multiplies the codes as integers.
+   per weight, a scale per 32), the output layer's (workers/decoder.py); int4_product: one with
+   4-bit groups as Q4_1 holds them (w = code * d + m, codes 0..15), the layers' (workers/weights.py).
+   The inputs are quantised to 8 bits per 32 (int8_quantize, as llama.cpp does), so that AVX512-VNNI
+   multiplies the codes as integers.
 
    Single-threaded: one call at a time per model thread. */
 
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512F__)
 #include <immintrin.h>
@@ -190,4 +193,104 @@ void int8_product(const int8_t *xq, const float *dx, const float *corr, int64_t 
                                       corr + r * groups, groups);
         }
     }
+}
+
+/* One weight row of 4-bit groups, packed two groups to 32 bytes (byte j: code j of the first group in
+   the low nibble, of the second in the high one; a last odd group alone in 16 bytes, byte j: codes j
+   and j + 16), against one quantised input row. The minimums take the inputs' sums (corr / 128). */
+static float int4_row(const uint8_t *w, const float *d, const float *m, const int8_t *xr, const float *dr,
+                      const float *cr, int64_t groups) {
+    int64_t g = 0;
+    float total = 0.0f;
+#if INT8_VECTORISED
+    const __m256i nibble = _mm256_set1_epi8(0x0F);
+    __m512 acc = _mm512_setzero_ps(), acc2 = _mm512_setzero_ps();
+    for (; g + 2 <= groups; g += 16) { /* up to 16 groups: their scales times the inputs' at once */
+        int64_t count = groups - g < 16 ? (groups - g) & ~(int64_t)1 : 16;
+        __mmask16 mask = (__mmask16)((1u << count) - 1);
+        __m512 scales = _mm512_mul_ps(_mm512_maskz_loadu_ps(mask, d + g), _mm512_maskz_loadu_ps(mask, dr + g));
+        for (int64_t p = 0; p < count; p += 2) {
+            __m256i packed = _mm256_loadu_si256((const __m256i *)(w + (g + p) * 16));
+            __m512i codes = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(packed, nibble)),
+                                               _mm256_and_si256(_mm256_srli_epi16(packed, 4), nibble), 1);
+            __m512i sums = _mm512_dpbusd_epi32(_mm512_setzero_si512(), codes,
+                                               _mm512_loadu_si512(xr + (g + p) * GROUP));
+            /* lanes 0-7: group g + p's scale, 8-15: the next one's */
+            __m512i which = _mm512_mask_blend_epi32(0xFF00, _mm512_set1_epi32((int)p), _mm512_set1_epi32((int)p + 1));
+            __m512 lanes = _mm512_permutexvar_ps(which, scales);
+            if (p & 2) acc2 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums), lanes, acc2);
+            else acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums), lanes, acc);
+        }
+        if (count < 16) { g += count; break; }
+    }
+    acc = _mm512_add_ps(acc, acc2);
+    const __m512 eighth = _mm512_set1_ps(1.0f / 128.0f);
+    int64_t h = 0;
+    for (; h + 16 <= groups; h += 16)
+        acc = _mm512_fmadd_ps(_mm512_loadu_ps(m + h), _mm512_mul_ps(_mm512_loadu_ps(cr + h), eighth), acc);
+    if (h < groups) {
+        __mmask16 mask = (__mmask16)((1u << (groups - h)) - 1);
+        acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mask, m + h),
+                              _mm512_mul_ps(_mm512_maskz_loadu_ps(mask, cr + h), eighth), acc);
+    }
+    total = _mm512_reduce_add_ps(acc);
+#else
+    for (int64_t h = 0; h < groups; h++) total += m[h] * cr[h] / 128.0f;
+#endif
+    for (; g < groups; g++) {
+        const uint8_t *b = w + g * 16;
+        const int8_t *x = xr + g * GROUP;
+        int32_t sum = 0;
+        if (g + 1 < groups) { /* a pair (the plain-C path) */
+            for (int j = 0; j < GROUP; j++) sum += (int32_t)(b[j] & 0x0F) * (int32_t)x[j];
+            int32_t next = 0;
+            for (int j = 0; j < GROUP; j++) next += (int32_t)(b[j] >> 4) * (int32_t)x[GROUP + j];
+            total += d[g + 1] * dr[g + 1] * (float)next;
+            total += d[g] * dr[g] * (float)sum;
+            g++;
+            continue;
+        }
+        for (int j = 0; j < 16; j++) sum += (int32_t)(b[j] & 0x0F) * (int32_t)x[j] + (int32_t)(b[j] >> 4) * (int32_t)x[16 + j];
+        total += d[g] * dr[g] * (float)sum;
+    }
+    return total;
+}
+
+/* out [rows, n] float32 = x . w for 4-bit groups: codes [n, 16 * groups] packed as int4_row takes
+   them, d and m [n, groups] float32; x quantised by int8_quantize. */
+void int4_product(const int8_t *xq, const float *dx, const float *corr, int64_t rows, const uint8_t *codes,
+                  const float *d, const float *m, int64_t n, int64_t k, float *out) {
+    int64_t groups = k / GROUP;
+    for (int64_t j = 0; j < n; j++) {
+        for (int64_t r = 0; r < rows; r++) {
+            out[r * n + j] = int4_row(codes + j * groups * 16, d + j * groups, m + j * groups, xq + r * k,
+                                      dx + r * groups, corr + r * groups, groups);
+        }
+    }
+}
+
+/* x [rows, k] float32 quantised here, then the product: one call per product (the calls' own cost
+   mattered: 120 products a step). Returns -1 where memory for the quantised inputs ran out. */
+int int8_matmul(const float *x, int64_t rows, int64_t k, const int8_t *codes, const float *scales, int64_t n,
+                float *out) {
+    int64_t groups = k / GROUP;
+    int8_t *xq = malloc((size_t)(rows * k) + 2 * sizeof(float) * (size_t)(rows * groups) + 64);
+    if (xq == NULL) return -1;
+    float *dx = (float *)(((uintptr_t)(xq + rows * k) + 63) & ~(uintptr_t)63), *corr = dx + rows * groups;
+    int8_quantize(x, rows, k, xq, dx, corr);
+    int8_product(xq, dx, corr, rows, codes, scales, n, k, out);
+    free(xq);
+    return 0;
+}
+
+int int4_matmul(const float *x, int64_t rows, int64_t k, const uint8_t *codes, const float *d, const float *m,
+                int64_t n, float *out) {
+    int64_t groups = k / GROUP;
+    int8_t *xq = malloc((size_t)(rows * k) + 2 * sizeof(float) * (size_t)(rows * groups) + 64);
+    if (xq == NULL) return -1;
+    float *dx = (float *)(((uintptr_t)(xq + rows * k) + 63) & ~(uintptr_t)63), *corr = dx + rows * groups;
+    int8_quantize(x, rows, k, xq, dx, corr);
+    int4_product(xq, dx, corr, rows, codes, d, m, n, k, out);
+    free(xq);
+    return 0;
 }

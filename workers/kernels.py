@@ -1,9 +1,12 @@
 """CPU kernels of the decoding step (``kernels.c``), built on the host that runs them.
 
-Two parts of a SmolLM2-sized decoding step cost far more through torch on a CPU than the bytes they
-read: attention for one query row per sequence (``attention.DecodeAttention``) and the output layer's
+Three parts of a SmolLM2-sized decoding step cost far more through torch on a CPU than the bytes they
+read: attention for one query row per sequence (``attention.DecodeAttention``), the output layer's
 product on its 8-bit codes (``Kernels.int8_product``; torch has no kernel for 8-bit groups, and
-``weights.int8_groups`` runs its 4-bit one twice instead). Both are single-threaded C.
+``weights.int8_groups`` runs its 4-bit one twice instead) and the layers' products on 4-bit groups
+(``Kernels.int4_product``; torch's kernel takes bfloat16 inputs and converts every weight to
+float). Both products quantise their inputs to 8 bits per 32, as llama.cpp does, and multiply the
+codes as integers (AVX512-VNNI). All are single-threaded C.
 
 They are compiled with the system C compiler (``$CC``, else ``cc``) for this CPU (``-march=native``;
 ``-ffast-math`` for glibc's vectorised ``expf``), once per source, compiler and CPU, into
@@ -18,9 +21,12 @@ import os
 import subprocess
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor
+
+from workers import weights
 
 logger = logging.getLogger(__name__)
 
@@ -35,8 +41,8 @@ _P, _I = ctypes.c_void_p, ctypes.c_int64
 _SIGNATURES: dict[str, list[type]] = {
     "attend_bf16": [_P, _I, _P, _P, _P, _I, _I, _I, _I, _I, ctypes.c_float, _P, _P],
     "attend_f32": [_P, _I, _P, _P, _P, _I, _I, _I, _I, _I, ctypes.c_float, _P, _P],
-    "int8_quantize": [_P, _I, _I, _P, _P, _P],
-    "int8_product": [_P, _P, _P, _I, _P, _P, _I, _I, _P],
+    "int8_matmul": [_P, _I, _I, _P, _P, _I, _P],
+    "int4_matmul": [_P, _I, _I, _P, _P, _P, _I, _P],
     "int8_vectorised": [],
 }
 
@@ -49,28 +55,53 @@ class Kernels:
         for name, argtypes in _SIGNATURES.items():
             function = getattr(library, name)
             function.argtypes = argtypes
-            function.restype = None if name in ("int8_quantize", "int8_product") else ctypes.c_int
+            function.restype = ctypes.c_int
             self.functions[name] = function
-        # built with AVX512-VNNI (this CPU has it): otherwise the 8-bit product is plain C, slower than torch's
+        # built with AVX512-VNNI (this CPU has it): otherwise the products are plain C, slower than torch's
         self.int8_vectorised = bool(self.functions["int8_vectorised"]())
 
-    def int8_product(self, x: Tensor, codes: Tensor, scales: Tensor) -> Tensor:
-        """``x @ w.T`` (float32) for ``w = codes * scales`` per group of 32 inputs (``codes`` ``[n, k]``
-        int8, ``scales`` ``[n, k / 32]`` float32, both contiguous), ``x`` ``[rows, k]`` quantised to 8 bits
-        per 32 first."""
-        x = x.float().contiguous()
+    def products_run_here(self) -> bool:
+        """Whether the products beat torch's here: vectorised, and torch on one thread."""
+        return self.int8_vectorised and runs_here("int8")
+
+    def int8_weights(self, codes: Tensor, scales: Tensor) -> "GroupedWeights":
+        """Weights ``codes * scales`` per group of 32 inputs (``codes`` ``[n, k]`` int8, ``scales`` ``[n, k /
+        32]`` float32) for ``int8_matmul``."""
+        n, k = codes.shape
+        if k % GROUP or codes.dtype != torch.int8 or scales.shape != (n, k // GROUP) or scales.dtype != torch.float32:
+            raise ValueError(f"8-bit groups of codes {tuple(codes.shape)}, scales {tuple(scales.shape)}")
+        return GroupedWeights(self.functions["int8_matmul"], k, (codes, scales))
+
+    def int4_weights(self, weight: Tensor) -> "GroupedWeights":
+        """``weight`` (float32 ``[n, k]``) in 4-bit groups (``weights.int4_native``) for ``int4_matmul``."""
+        if weight.shape[1] % GROUP:
+            raise ValueError(f"4-bit groups of {tuple(weight.shape)}: not a multiple of {GROUP} inputs")
+        return GroupedWeights(self.functions["int4_matmul"], weight.shape[1], weights.int4_native(weight))
+
+
+class GroupedWeights:
+    """Weights in 8-bit or 4-bit groups and the ``kernels.c`` product that takes them: ``x @ w.T`` in
+    float32, ``x`` quantised to 8 bits per 32 inputs first (checked once here, so that a call costs
+    little: a step makes 120)."""
+
+    def __init__(self, function: Any, k: int, tensors: tuple[Tensor, ...]) -> None:
+        self._function, self.k, self.n = function, k, tensors[0].shape[0]
+        self._tensors = tuple(t.contiguous() for t in tensors)  # kept: the pointers point into them
+        self._pointers = [t.data_ptr() for t in self._tensors]
+
+    def usable(self) -> bool:
+        """Whether it beats torch's 4-bit kernel now (torch on one thread)."""
+        return runs_here("int8")
+
+    def __call__(self, x: Tensor) -> Tensor:
+        if x.dtype != torch.float32 or not x.is_contiguous():
+            x = x.float().contiguous()
         rows, k = x.shape
-        n = codes.shape[0]
-        if k % GROUP or codes.shape != (n, k) or scales.shape != (n, k // GROUP) or codes.dtype != torch.int8 \
-                or scales.dtype != torch.float32 or not (codes.is_contiguous() and scales.is_contiguous()):
-            raise ValueError(f"int8_product does not take x {tuple(x.shape)}, codes {tuple(codes.shape)}")
-        quantized = torch.empty((rows, k), dtype=torch.int8)
-        scale, correction = torch.empty((rows, k // GROUP)), torch.empty((rows, k // GROUP))
-        out = torch.empty((rows, n))
-        self.functions["int8_quantize"](x.data_ptr(), rows, k, quantized.data_ptr(), scale.data_ptr(),
-                                        correction.data_ptr())
-        self.functions["int8_product"](quantized.data_ptr(), scale.data_ptr(), correction.data_ptr(), rows,
-                                       codes.data_ptr(), scales.data_ptr(), n, k, out.data_ptr())
+        if k != self.k:
+            raise ValueError(f"inputs of {k} for weights of {self.k}")
+        out = torch.empty((rows, self.n))
+        if self._function(x.data_ptr(), rows, k, *self._pointers, self.n, out.data_ptr()) != 0:
+            raise MemoryError("kernels.c: no memory for the quantised inputs")
         return out
 
 

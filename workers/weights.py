@@ -9,17 +9,30 @@
   the bytes of float32 weights and a quarter of bfloat16 ones. Its only vectorised path takes
   bfloat16 activations, scales and zero points, so a float32 model's decoding products run in
   bfloat16 too, their sums in float32.
+- The same 4-bit groups through ``kernels.c`` (``use_native``, where it is built with AVX512-VNNI and
+  torch runs on one thread): the inputs quantised to 8 bits per 32 and multiplied with the codes as
+  integers, as llama.cpp does, rather than every weight converted to float.
 - 8-bit groups (``pack_int8``, CPU), as GGUF's Q8_0 holds them (codes -127..127 and a scale per
   group): torch has no kernel for them, so each code is split into its two 4-bit halves and the
   same 4-bit kernel runs one product over the inputs twice, the high halves' groups scaled by 16:
   every weight comes back as its code times its (bfloat16) scale, and the sum is rounded once.
 """
 
+from typing import Protocol
+
 import torch
 from torch import Tensor, nn
 from torch.nn import functional
 
 GROUP = 32  # inputs per scale of 4-bit weights (as in GGUF's Q4 formats)
+
+
+class NativeProduct(Protocol):
+    """A product ``kernels.c`` runs on its own copy of the weights (``kernels.GroupedWeights``)."""
+
+    def usable(self) -> bool: ...
+
+    def __call__(self, x: Tensor) -> Tensor: ...
 
 
 def frozen(tensor: Tensor) -> nn.Parameter:
@@ -46,6 +59,7 @@ class Linear(nn.Module):
         self.int4_rows = 0
         self.merge_rows = 0  # decoding rows a dense chunk product takes along (``forward``)
         self.inputs_twice = False  # 8-bit groups: the inputs go in twice (``pack_int8``)
+        self.native: NativeProduct | None = None  # the 4-bit groups through kernels.c (``use_native``)
 
     @property
     def packing(self) -> str:
@@ -68,6 +82,10 @@ class Linear(nn.Module):
         self.scales_zeros = scales_zeros.to(torch.bfloat16)
         self.int4_rows = rows
         self.merge_rows = merge_rows
+
+    def use_native(self, product: NativeProduct) -> None:
+        """Decoding products on the 4-bit groups run through ``product`` where it is usable."""
+        self.native = product
 
     def pack_int8(self, source: Tensor, rows: int) -> None:
         """8-bit groups of ``source`` (``int8_groups``) for products of at most ``rows`` rows."""
@@ -111,7 +129,10 @@ class Linear(nn.Module):
 
     def _int4(self, x: Tensor, cast: bool) -> Tensor:
         assert self.int4 is not None and self.scales_zeros is not None
-        y = int4_product(x, self.int4, self.scales_zeros, self.inputs_twice)
+        if self.native is not None and self.native.usable():
+            y = self.native(x)  # float32
+        else:
+            y = int4_product(x, self.int4, self.scales_zeros, self.inputs_twice)
         if cast:
             y = y.to(self.weight.dtype)
         return y if self.bias is None else y + self.bias
@@ -182,12 +203,34 @@ def int4_groups(weight: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def _quantize(weight: Tensor) -> tuple[Tensor, Tensor]:
-    """Codes 0..15 ``[rows, cols]`` (float32) and ``[groups, rows, 2]`` scales and zeros (float32):
+    """Codes 0..15 ``[rows, cols]`` (float32) and ``[groups, rows, 2]`` scales and zeros (float32)
+    (``_q4_1``)."""
+    codes, scale, low = _q4_1(weight)
+    scales_zeros = torch.stack([scale, low + 8 * scale], dim=-1).transpose(0, 1).contiguous()
+    return codes.view(weight.shape), scales_zeros
+
+
+def _q4_1(weight: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Codes 0..15 ``[rows, groups, GROUP]`` (float32), each group's scale and minimum ``[rows, groups]``:
     each group's range in 15 steps, as llama.cpp's Q4_1 quantises (so its weights come back exactly)."""
     rows, cols = weight.shape
     groups = weight.float().view(rows, cols // GROUP, GROUP)
     low, high = groups.amin(-1), groups.amax(-1)
     scale = ((high - low) / 15).clamp(min=torch.finfo(torch.float32).tiny)
-    codes = ((groups - low[..., None]) / scale[..., None]).round().clamp(0, 15)
-    scales_zeros = torch.stack([scale, low + 8 * scale], dim=-1).transpose(0, 1).contiguous()
-    return codes.view(rows, cols), scales_zeros
+    return ((groups - low[..., None]) / scale[..., None]).round().clamp(0, 15), scale, low
+
+
+def int4_native(weight: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """4-bit groups of ``weight`` for ``kernels.c``'s ``int4_product``: codes packed two groups to 32
+    bytes (byte ``j``: code ``j`` of the first group, low nibble, and of the second; a last odd group
+    in 16 bytes, byte ``j``: codes ``j`` and ``j + 16``), scales and minimums ``[rows, groups]``."""
+    codes, scale, low = _q4_1(weight)
+    rows, groups, _ = codes.shape
+    codes = codes.to(torch.uint8)
+    pairs = groups // 2
+    packed = codes[:, :2 * pairs].view(rows, pairs, 2, GROUP)
+    parts = [(packed[:, :, 0] | (packed[:, :, 1] << 4)).view(rows, pairs * GROUP)]
+    if groups % 2:
+        last = codes[:, -1]
+        parts.append(last[:, :16] | (last[:, 16:] << 4))
+    return torch.cat(parts, dim=1).contiguous(), scale.contiguous(), low.contiguous()

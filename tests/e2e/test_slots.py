@@ -385,8 +385,13 @@ def test_on_one_thread_the_8_bit_output_layer_runs_through_kernels_c(tmp_path: P
     through_c.use_kernels(built)
     through_c.attention = None  # the output layer alone differs from the dense decoder
     calls = []
-    product = built.int8_product
-    monkeypatch.setattr(built, "int8_product", lambda *args: calls.append(1) or product(*args))
+    weights_of = built.int8_weights
+
+    def counted(codes: torch.Tensor, scales: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+        product = weights_of(codes, scales)
+        return lambda x: calls.append(1) or product(x)
+
+    monkeypatch.setattr(built, "int8_weights", counted)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

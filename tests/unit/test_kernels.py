@@ -9,7 +9,7 @@ import torch
 from torch.nn import functional
 
 from workers import attention, kernels
-from workers.weights import int8_codes
+from workers.weights import int4_native, int8_codes
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +77,7 @@ def test_the_8_bit_product_is_the_product_of_the_quantised_inputs(built: kernels
     weights = torch.randn(n, k, generator=generator) * 0.05
     codes, scales = int8_codes(weights)
     x = torch.randn(rows, k, generator=generator)
-    got = built.int8_product(x, codes, scales)
+    got = built.int8_weights(codes, scales)(x)
     assert got.shape == (rows, n) and got.dtype == torch.float32
     groups = x.view(rows, k // 32, 32)
     step = groups.abs().amax(-1, keepdim=True) / 127
@@ -90,10 +90,34 @@ def test_the_8_bit_product_is_the_product_of_the_quantised_inputs(built: kernels
 
 def test_the_8_bit_product_refuses_what_it_cannot_take(built: kernels.Kernels) -> None:
     codes, scales = int8_codes(torch.randn(8, 64))
-    with pytest.raises(ValueError, match="does not take"):
-        built.int8_product(torch.zeros(1, 48), codes, scales)  # not the weights' inputs
-    with pytest.raises(ValueError, match="does not take"):
-        built.int8_product(torch.zeros(1, 64), codes.float(), scales)
+    with pytest.raises(ValueError, match="inputs of 48"):
+        built.int8_weights(codes, scales)(torch.zeros(1, 48))  # not the weights' inputs
+    with pytest.raises(ValueError, match="8-bit groups"):
+        built.int8_weights(codes.float(), scales)
+
+
+@pytest.mark.parametrize(("rows", "n", "k"), [(1, 1000, 576), (4, 70, 1536), (2, 33, 96), (1, 5, 32)])
+def test_the_4_bit_product_is_the_product_of_the_quantised_inputs(built: kernels.Kernels, rows: int, n: int,
+                                                                    k: int) -> None:
+    """Weights on Q4_1's grid (a code 0..15 times a scale plus a minimum per 32) against inputs
+    quantised to 8 bits per 32: exactly their product (to float32 sums), odd group counts too."""
+    generator = torch.Generator().manual_seed(k + rows)
+    codes = torch.randint(0, 16, (n, k // 32, 32), generator=generator).float()
+    scale = torch.rand(n, k // 32, 1, generator=generator) * 0.01 + 1e-3
+    low = -torch.rand(n, k // 32, 1, generator=generator) * 0.08
+    codes[:, :, 0], codes[:, :, 1] = 0, 15  # each group's range is all 15 steps, as Q4_1 quantises
+    weights = (codes * scale + low).view(n, k)
+    packed, scales, minimums = int4_native(weights)
+    assert packed.shape == (n, k // 2) and packed.dtype == torch.uint8
+    assert scales.shape == minimums.shape == (n, k // 32)
+    x = torch.randn(rows, k, generator=generator)
+    got = built.int4_weights(weights)(x)
+    groups = x.view(rows, k // 32, 32)
+    step = groups.abs().amax(-1, keepdim=True) / 127
+    quantised = (torch.round(groups / step) * step).view(rows, k)
+    torch.testing.assert_close(got.double(), quantised.double() @ weights.double().T, rtol=1e-4, atol=1e-4)
+    full = x.double() @ weights.double().T
+    assert (got.double() - full).abs().max() < 0.02 * full.abs().max()
 
 
 def test_they_are_built_once_per_host_and_kept(tmp_path: Path) -> None:

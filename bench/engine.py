@@ -74,7 +74,7 @@ async def long_generation(spec: Any, cache: Path, prompt: list[int], tokens: int
                           kernel: bool = True) -> tuple[float, float]:
     """tokens/s over the first 100 and the last 100 tokens of one ``tokens``-token greedy generation
     (no stop tokens: it runs to its budget), on an engine of its own; without ``kernel``, decoding
-    rows attend through torch rather than ``workers/attend.c`` (the baseline of that kernel)."""
+    rows attend through torch rather than ``workers/kernels.c`` (the baseline of that kernel)."""
     engine = Engine(loader.load(spec, cache))
     runner = asyncio.create_task(engine.run())
     try:

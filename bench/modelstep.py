@@ -170,7 +170,7 @@ async def long_and_joining(args: argparse.Namespace, stack: Stack, local: Any, t
               f"{last_rate:.1f}", f"{first_rate:.1f}", ratio(last_rate, first_rate), ">= 0.9")
     first_rate, last_rate = await engine.long_generation(local.loaded.spec, Path(load_settings().model_cache),
                                                          prompt, args.long_tokens, kernel=False)
-    table.add("  the same with torch's attention for decoding rows (not attend.c)", f"{last_rate:.1f}",
+    table.add("  the same with torch's attention for decoding rows (not kernels.c)", f"{last_rate:.1f}",
               f"{first_rate:.1f}", ratio(last_rate, first_rate))
     text = long_prompt_text(local, args.long_tokens)
     median, p99, worst = await joining_prompt(stack.api_port, args.model, text)

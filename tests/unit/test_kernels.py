@@ -129,6 +129,13 @@ def test_they_are_built_once_per_host_and_kept(tmp_path: Path) -> None:
     assert built[0].stat().st_mtime_ns == stamp and list(tmp_path.glob("*.so")) == built
 
 
+def test_loading_them_leaves_subnormal_floats_alone(built: kernels.Kernels) -> None:
+    """Built with -ffast-math but not linked with it: gcc's start-up code for that would flush
+    subnormal floats to zero in the thread that loads the library (the model's, or pytest's)."""
+    tiny = np.float64(5e-324)
+    assert tiny * np.float64(1.0) > 0 and np.float32(1e-45) * np.float32(1.0) > 0
+
+
 def test_without_a_compiler_the_step_runs_on_torch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                    caplog: pytest.LogCaptureFixture) -> None:
     monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))

@@ -1,12 +1,16 @@
-"""Decoding rows' attention on a CPU, through ``kernels.c`` (``attend_*``).
+"""A step's attention on a CPU, through ``kernels.c`` (``attend_*``): every decoding row, and the rows
+of prompt chunks beside them, in one call per layer.
 
-For one query row per sequence, torch's ``scaled_dot_product_attention`` on a CPU costs about three
-times what reading the keys and values does (SmolLM2, bfloat16, one thread, on an AVX512-BF16 EPYC:
-27 us a layer at 64 positions, 326 at 1,500; the kernel 9 and 106), and it is most of what makes a long
-generation's last tokens slower than its first. The kernel reads each key and value once for all
-queries of its key head, up to the row's own last position (no mask), in float32 arithmetic. It is
+For few query rows per sequence, torch's ``scaled_dot_product_attention`` on a CPU costs several times
+what reading the keys and values does (SmolLM2, bfloat16, one thread, on an AVX512-BF16 EPYC: one
+decoding row 27 us a layer at 64 positions, 326 at 1,500, the kernel 9 and 106; a 4-token chunk at
+position 1,000 433 us, of which 250 whatever its size), and it was most of what made a long
+generation's last tokens slower than its first and a chunk step beside decoding costly. The kernel
+runs each row against its own slot up to its own last position (no mask), the queries of one key
+head's group sharing every key and value as it is read, in float32 arithmetic. It is
 single-threaded, so it runs where torch runs on at most two threads (``kernels.MAX_THREADS``; the
-default on a 2-core host is one); with more, torch's attention runs the heads in parallel.
+default on a 2-core host is one); with more, torch's attention runs the heads in parallel. A chunk of
+more than ``MAX_CHUNK_ROWS`` tokens goes to torch's, whose blocked products pay there.
 """
 
 import numpy as np
@@ -16,11 +20,12 @@ from torch import Tensor
 from workers import kernels
 
 MAX_GROUP, MAX_DIM = 16, 256  # as in kernels.c
+MAX_CHUNK_ROWS = 16  # a prompt chunk's rows through the kernel, at most (larger ones: torch's blocked products pay)
 _FUNCTIONS = {torch.bfloat16: "attend_bf16", torch.float32: "attend_f32"}
 
 
 class DecodeAttention:
-    """``attend_*`` for one model's shapes: ``__call__`` attends the first ``rows`` rows of queries."""
+    """``attend_*`` for one model's shapes."""
 
     def __init__(self, built: kernels.Kernels, group: int, positions: int) -> None:
         self.group, self.positions = group, positions
@@ -33,21 +38,25 @@ class DecodeAttention:
             and q.shape[1] == self.group * keys.shape[1] and keys.shape[2] <= self.positions \
             and q.stride(-1) == 1 and q.stride(-2) == q.shape[-1] and kernels.runs_here("attend")
 
-    def __call__(self, q: Tensor, keys: Tensor, values: Tensor, limits: np.ndarray) -> Tensor:
-        """``q`` ``[rows, heads, head_dim]`` (row ``r``: slot ``r``), ``keys``/``values`` ``[slots, kv_heads,
-        positions, head_dim]`` (contiguous), ``limits``: the last position each row attends to (int64).
+    def __call__(self, q: Tensor, keys: Tensor, values: Tensor, slots: np.ndarray, limits: np.ndarray) -> Tensor:
+        """``q`` ``[rows, heads, head_dim]``, ``keys``/``values`` ``[slots, kv_heads, positions, head_dim]``
+        (contiguous); row ``r`` attends to positions ``0..limits[r]`` of slot ``slots[r]`` (int64).
         Returns ``[rows, heads * head_dim]``."""
-        if not self.supports(q, keys) or values.shape != keys.shape or not values.is_contiguous():
-            raise ValueError(f"attend does not take queries {tuple(q.shape)}, keys {tuple(keys.shape)}")
         rows, heads, head_dim = q.shape
+        slots = np.ascontiguousarray(slots, dtype=np.int64)
+        limits = np.ascontiguousarray(limits, dtype=np.int64)
+        if not self.supports(q, keys) or values.shape != keys.shape or not values.is_contiguous() \
+                or slots.shape != (rows,) or limits.shape != (rows,) \
+                or (rows and (slots.min() < 0 or slots.max() >= keys.shape[0])):
+            raise ValueError(f"attend does not take queries {tuple(q.shape)}, keys {tuple(keys.shape)}")
         kv_heads = keys.shape[1]
         out = torch.empty((rows, heads * head_dim), dtype=q.dtype)
-        limits = np.ascontiguousarray(limits, dtype=np.int64)
         status = self._functions[q.dtype](
-            q.data_ptr(), q.stride(0), keys.data_ptr(), values.data_ptr(), limits.ctypes.data, rows, kv_heads,
-            heads // kv_heads, head_dim, keys.shape[2], head_dim ** -0.5, self._scores.data_ptr(), out.data_ptr())
+            q.data_ptr(), q.stride(0), keys.data_ptr(), values.data_ptr(), slots.ctypes.data, limits.ctypes.data,
+            rows, kv_heads, heads // kv_heads, head_dim, keys.shape[2], head_dim ** -0.5, self._scores.data_ptr(),
+            out.data_ptr())
         if status != 0:
-            raise ValueError(f"attend refused shapes q {tuple(q.shape)}, keys {tuple(keys.shape)}")
+            raise ValueError(f"attend refused limits {limits.min()}..{limits.max()} for keys {tuple(keys.shape)}")
         return out
 
 

@@ -26,7 +26,7 @@ from torch import Tensor, nn
 from torch.nn import functional
 
 from workers import kernels
-from workers.attention import DecodeAttention, decode_attention
+from workers.attention import MAX_CHUNK_ROWS, DecodeAttention, decode_attention
 from workers.cudagraphs import StepGraphs
 from workers.kvslots import KvSlots, StepPlan
 from workers.weights import GROUP, Linear, frozen, int8_codes, on_int4_grid, on_int8_grid
@@ -37,9 +37,10 @@ ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
 PREFILL_ROWS = 32  # the product size prepacked layers are laid out for
 REFINED = 16  # logits of each row computed again on the dense weights where the output layer is packed
 ATTENTION_BLOCK = 256  # with CUDA graphs, attention lengths are rounded up to this (fewer graphs)
-# a step's decoding rows: how many, how many columns of their slots they attend to, which (None: all),
-# and the last column each attends to (for ``attention.DecodeAttention``; None: torch's attention)
-Decoding = tuple[int, int, Tensor | None, np.ndarray | None]
+# a step's decoding rows: how many, how many columns of their slots they attend to, and which (None: all)
+Decoding = tuple[int, int, Tensor | None]
+# the step's first rows through ``attention.DecodeAttention``: each row's slot and last column
+KernelRows = tuple[np.ndarray, np.ndarray]
 
 
 def unsupported_reason(model: Any) -> str | None:
@@ -284,13 +285,13 @@ class Decoder(nn.Module):
         # rows that all attend to every column of the step (one stream) need no mask
         mask = None if (limits >= length - 1).all() else self._mask(limits, length)
         segments = tuple((chunk.slot, chunk.start, chunk.end) for chunk in plan.chunks)
-        decoding = (rows, length, mask, np.minimum(limits, length - 1))
-        hidden = self.forward(tokens_, positions_, slots_, decoding, segments)
+        kernel = self._kernel_rows(plan, rows, np.minimum(limits, length - 1))
+        hidden = self.forward(tokens_, positions_, slots_, (rows, length, mask), segments, kernel)
         return self._output(rms_norm(hidden[wanted], self.norm, self.eps), decoding=len(plan.feeds))
 
     def logits(self, tokens: Tensor, positions: Tensor, slots: Tensor, mask: Tensor) -> Tensor:
         """A decoding-only step's logits of every row (the step that is compiled)."""
-        hidden = self.forward(tokens, positions, slots, (mask.shape[0], mask.shape[-1], mask, None), ())
+        hidden = self.forward(tokens, positions, slots, (mask.shape[0], mask.shape[-1], mask), ())
         return self._output(rms_norm(hidden, self.norm, self.eps), decoding=0)
 
     def _output(self, hidden: Tensor, decoding: int) -> Tensor:
@@ -384,11 +385,26 @@ class Decoder(nn.Module):
         """``[rows, 1, 1, length]``: the columns each decoding row attends to."""
         return (self.columns[:length][None, :] <= self._on_device(limits)[:, None])[:, None, None, :]
 
+    def _kernel_rows(self, plan: StepPlan, rows: int, limits: np.ndarray) -> KernelRows | None:
+        """The step's first rows that attend through ``self.attention``: the decoding rows (``limits``:
+        the last column of each), then each chunk of at most ``MAX_CHUNK_ROWS`` tokens up to the first
+        larger one (torch's blocked attention pays for those); None where the kernel is not used. A
+        prompt alone (nobody decoding) keeps torch's: its chunks are large or cheap."""
+        if self.attention is None or not rows:
+            return None
+        slots, lasts = [np.arange(rows)], [limits]
+        for chunk in plan.chunks:
+            if len(chunk.tokens) > MAX_CHUNK_ROWS:
+                break
+            slots.append(np.full(len(chunk.tokens), chunk.slot))
+            lasts.append(np.arange(chunk.start, chunk.end))
+        return np.concatenate(slots), np.concatenate(lasts)
+
     def _on_device(self, array: np.ndarray) -> Tensor:
         return torch.from_numpy(array).to(self.device, non_blocking=True)
 
     def forward(self, tokens: Tensor, positions: Tensor, slots: Tensor, decoding: Decoding,
-                segments: tuple[tuple[int, int, int], ...]) -> Tensor:
+                segments: tuple[tuple[int, int, int], ...], kernel: KernelRows | None = None) -> Tensor:
         """Hidden states ``[N, hidden]`` (before the final norm) of a step's tokens: first one per
         decoding row (row b is slot b; ``decoding``: how many rows, how many columns they attend to
         and the mask of those, ``_mask``, or None for all), then the chunks (``segments``: slot,
@@ -400,32 +416,42 @@ class Decoder(nn.Module):
             q, k, v = layer.project(x, self.shape, cos, sin, decoding[0])
             keys[slots, :, positions] = k
             values[slots, :, positions] = v
-            x = layer.finish(x, self._attend(q, keys, values, decoding, segments), decoding[0])
+            x = layer.finish(x, self._attend(q, keys, values, decoding, segments, kernel), decoding[0])
         return x
 
     def _attend(self, q: Tensor, keys: Tensor, values: Tensor, decoding: Decoding,
-                segments: tuple[tuple[int, int, int], ...]) -> Tensor:
+                segments: tuple[tuple[int, int, int], ...], kernel: KernelRows | None) -> Tensor:
+        """Attention of the step's rows: the first ones through the kernel (``_kernel_rows``) where it
+        takes them, the rest through torch (the decoding rows as one batch, each chunk on its own)."""
         _, kv_heads, head_dim = self.shape
         parts = []
-        rows, length, mask, limits = decoding
-        if rows and limits is not None and self.attention is not None and self.attention.supports(q, keys):
-            parts.append(self.attention(q[:rows], keys, values, limits))
+        rows, length, mask = decoding
+        done = 0  # rows attended so far
+        if kernel is not None and self.attention is not None and self.attention.supports(q, keys):
+            done = len(kernel[0])
+            parts.append(self.attention(q[:done], keys, values, *kernel))
         elif rows:
             # the queries that share a key head attend as one block: no repeated keys
             grouped = q[:rows].view(rows, kv_heads, self.group, head_dim)
             parts.append(functional.scaled_dot_product_attention(
                 grouped, keys[:rows, :, :length], values[:rows, :, :length], attn_mask=mask).flatten(1))
+            done = rows
         offset = rows
         for slot, start, end in segments:
             count = end - start
-            chunk = q[offset:offset + count].transpose(0, 1)[None]  # [1, heads, count, head_dim]
-            causal = None if start == 0 else self.columns[:end][None, :] <= self.columns[start:end][:, None]
-            attended = functional.scaled_dot_product_attention(
-                chunk, keys[slot:slot + 1, :, :end], values[slot:slot + 1, :, :end],
-                attn_mask=causal, is_causal=causal is None, enable_gqa=True)
-            parts.append(attended[0].transpose(0, 1).flatten(1))
+            if offset >= done:
+                parts.append(self._attend_chunk(q[offset:offset + count], keys, values, slot, start, end))
             offset += count
         return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+    def _attend_chunk(self, q: Tensor, keys: Tensor, values: Tensor, slot: int, start: int, end: int) -> Tensor:
+        """Torch's attention of one prompt chunk (positions ``start..end-1`` of ``slot``), causal."""
+        chunk = q.transpose(0, 1)[None]  # [1, heads, count, head_dim]
+        causal = None if start == 0 else self.columns[:end][None, :] <= self.columns[start:end][:, None]
+        attended = functional.scaled_dot_product_attention(
+            chunk, keys[slot:slot + 1, :, :end], values[slot:slot + 1, :, :end],
+            attn_mask=causal, is_causal=causal is None, enable_gqa=True)
+        return attended[0].transpose(0, 1).flatten(1)
 
 
 def _rope_tables(rotary: Any, positions: int, dtype: torch.dtype, device: torch.device) -> tuple[Tensor, Tensor]:

@@ -1,9 +1,10 @@
 /* CPU kernels of the decoding step (workers/kernels.py builds them for the host's CPU and loads them).
 
-   attend_*: decoding rows' attention (workers/attention.py). Row r is one decoding sequence's query, in slot r of the KV slots: its queries attend to
-   positions 0..limits[r] of that slot (a limit below 0: the row's output is zeros). The queries of
-   one key head's group share each key and value as it is read; scores, softmax and sums are
-   float32 whatever the cache's dtype.
+   attend_*: attention of a step's query rows, one after another (workers/attention.py). Row r is a
+   decoding sequence's token or a prompt chunk's: its queries attend to positions 0..limits[r] of
+   slot slots[r] (a limit below 0: the row's output is zeros). The queries of one key head's group
+   share each key and value as it is read; scores, softmax and sums are float32 whatever the
+   cache's dtype.
 
    int8_*: a product with weights in 8-bit groups as GGUF's Q8_0 holds them (a code from -127 to 127
    per weight, a scale per 32), the output layer's (workers/decoder.py); int4_product: one with
@@ -119,8 +120,9 @@ typedef void (*head_fn_f32)(const float *, const float *, const float *, int64_t
         return head_any_##SUFFIX;                                                                    \
     }                                                                                                \
     int attend_##SUFFIX(const T *q, int64_t q_stride, const T *keys, const T *values,                \
-                        const int64_t *limits, int64_t rows, int64_t kv, int64_t group, int64_t d,   \
-                        int64_t positions, float scale, float *scores, T *out) {                     \
+                        const int64_t *slots, const int64_t *limits, int64_t rows, int64_t kv,       \
+                        int64_t group, int64_t d, int64_t positions, float scale, float *scores,     \
+                        T *out) {                                                                    \
         if (group < 1 || group > MAX_GROUP || d > MAX_DIM) return -1;                                \
         head_fn_##SUFFIX head = pick_##SUFFIX(group, d);                                             \
         for (int64_t r = 0; r < rows; r++) {                                                         \
@@ -133,8 +135,8 @@ typedef void (*head_fn_f32)(const float *, const float *, const float *, int64_t
                     memset(o, 0, (size_t)(group * d) * sizeof(T));                                   \
                     continue;                                                                        \
                 }                                                                                    \
-                head(qh, keys + (r * kv + h) * positions * d, values + (r * kv + h) * positions * d,  \
-                     length, group, d, scale, scores, positions, o);                                 \
+                int64_t at = (slots[r] * kv + h) * positions * d;                                    \
+                head(qh, keys + at, values + at, length, group, d, scale, scores, positions, o);     \
             }                                                                                        \
         }                                                                                            \
         return 0;                                                                                    \

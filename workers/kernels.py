@@ -2,14 +2,14 @@
 
 Three parts of a SmolLM2-sized decoding step cost far more through torch on a CPU than the bytes they
 read: attention for one query row per sequence (``attention.DecodeAttention``), the output layer's
-product on its 8-bit codes (``Kernels.int8_product``; torch has no kernel for 8-bit groups, and
+product on its 8-bit codes (``Kernels.int8_weights``; torch has no kernel for 8-bit groups, and
 ``weights.int8_groups`` runs its 4-bit one twice instead) and the layers' products on 4-bit groups
-(``Kernels.int4_product``; torch's kernel takes bfloat16 inputs and converts every weight to
+(``Kernels.int4_weights``; torch's kernel takes bfloat16 inputs and converts every weight to
 float). Both products quantise their inputs to 8 bits per 32, as llama.cpp does, and multiply the
 codes as integers (AVX512-VNNI). All are single-threaded C.
 
 They are compiled with the system C compiler (``$CC``, else ``cc``) for this CPU (``-march=native``;
-``-ffast-math`` for glibc's vectorised ``expf``), once per source, compiler and CPU, into
+``-ffast-math`` for glibc's vectorised ``expf``), once per source, build recipe, compiler and CPU, into
 ``<model cache>/kernels``, and loaded with ``ctypes``. Without a compiler, or where the build fails,
 the step runs on torch alone, as before (logged once).
 """
@@ -39,8 +39,8 @@ _FLAG_SETS = (["-O3", "-march=native", "-ffast-math"], ["-O3", "-march=native", 
 _LIBS = (["-lmvec", "-lm"], ["-lm"])
 _P, _I = ctypes.c_void_p, ctypes.c_int64
 _SIGNATURES: dict[str, list[type]] = {
-    "attend_bf16": [_P, _I, _P, _P, _P, _I, _I, _I, _I, _I, ctypes.c_float, _P, _P],
-    "attend_f32": [_P, _I, _P, _P, _P, _I, _I, _I, _I, _I, ctypes.c_float, _P, _P],
+    "attend_bf16": [_P, _I, _P, _P, _P, _P, _I, _I, _I, _I, _I, ctypes.c_float, _P, _P],
+    "attend_f32": [_P, _I, _P, _P, _P, _P, _I, _I, _I, _I, _I, ctypes.c_float, _P, _P],
     "int8_matmul": [_P, _I, _I, _P, _P, _I, _P],
     "int4_matmul": [_P, _I, _I, _P, _P, _P, _I, _P],
     "int8_vectorised": [],
@@ -119,7 +119,8 @@ def load(directory: Path) -> Kernels | None:
     except (OSError, subprocess.SubprocessError) as exc:
         logger.warning("no C compiler (%s: %s): the decoding step runs on torch alone", compiler, exc)
         return None
-    key = hashlib.sha256(source + version + _cpu_flags().encode()).hexdigest()[:16]
+    recipe = repr((_FLAG_SETS, _LIBS, "compiled, then linked")).encode()
+    key = hashlib.sha256(source + recipe + version + _cpu_flags().encode()).hexdigest()[:16]
     path = directory / f"kernels-{key}.so"
     if not path.exists() and not _build(compiler, directory, path):
         return None

@@ -46,7 +46,7 @@ class LoadedModel:
     int4_rows: int = 0
     # a dense product of prompt rows takes up to this many decoding rows along (``precision.merge_rows``)
     merge_rows: int = 0
-    # where code built for this host is kept (``workers.attention``; None: nothing is built)
+    # where code built for this host is kept (``workers.kernels``; None: nothing is built)
     kernel_dir: Path | None = None
 
     @property

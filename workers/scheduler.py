@@ -40,9 +40,6 @@ PREFILL_TOKENS = 2048  # prompt tokens of a step while nobody decodes (a burst o
 MIN_CHUNK = 4  # prompt tokens of a chunk beside decoding, at least (16 cost 2.4 decoding steps on a slow CPU)
 FIRST_CHUNK = 16  # while the costs are not measured yet
 STALL = 0.6  # prompt tokens per step while others decode: as many as cost this many decoding steps
-# where a chunk step's fixed price is more than half STALL, its chunk takes at most what keeps the
-# step within this many decoding steps more, where the price leaves room for that (``chunk_budget``)
-CEILING = 0.8
 SMOOTHING = 0.2  # weight of the newest measurement in the running cost estimates
 
 
@@ -306,16 +303,10 @@ def chunk_budget(decode_seconds: float, price: Price, start: int = 0, waiting: f
     """Prompt tokens for a step while others decode, for a chunk from position ``start``: as many as
     cost ``STALL`` decoding steps, ``waiting`` times that where more sequences wait for their prompts
     than decode (the step's stall is paid by the decoding ones, the wait by the joining ones: a
-    burst of prompts beside one stream joins in a few steps, not dozens). Where chunks cost a fixed
-    price that leaves less than that: as many as keep the step within ``CEILING`` decoding steps
-    more (a CPU, where a dense product of a few more rows costs half a decoding step: the stall stays
-    under twice the delay between tokens); where the price alone is more (a GPU, a chunk step eager
-    beside a CUDA graph), as many as cost that price again (fewer, larger stalls rather than many
-    small ones)."""
-    spend = STALL * waiting * decode_seconds - price.fixed
-    if spend < price.fixed:
-        room = CEILING * decode_seconds - price.fixed
-        spend = min(price.fixed, room) if room > 0 else price.fixed
+    burst of prompts beside one stream joins in a few steps, not dozens); where chunks cost a fixed
+    price beyond that anyway, as many as cost that price again (fewer, larger stalls rather than
+    many small ones)."""
+    spend = max(STALL * waiting * decode_seconds - price.fixed, price.fixed)
     # the most tokens n with n * (per_token + per_position * (start + n)) <= spend
     linear = price.per_token + price.per_position * start
     if price.per_position > 0:

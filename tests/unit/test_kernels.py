@@ -19,15 +19,16 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> kernels.Kernels:
     return loaded
 
 
-def reference(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, limits: list[int]) -> torch.Tensor:
-    """torch's attention in float64 over each row's own slot, up to its limit (zeros below 0)."""
+def reference(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, slots: list[int],
+              limits: list[int]) -> torch.Tensor:
+    """torch's attention in float64 of each row over its slot, up to its limit (zeros below 0)."""
     rows, heads, head_dim = q.shape
     kv_heads = keys.shape[1]
     out = torch.zeros(rows, heads, head_dim, dtype=torch.float64)
-    for r, limit in enumerate(limits):
+    for r, (slot, limit) in enumerate(zip(slots, limits, strict=True)):
         if limit >= 0:
             out[r] = functional.scaled_dot_product_attention(
-                q[r, :, None].double(), keys[r, :, :limit + 1].double(), values[r, :, :limit + 1].double(),
+                q[r, :, None].double(), keys[slot, :, :limit + 1].double(), values[slot, :, :limit + 1].double(),
                 enable_gqa=heads != kv_heads)[:, 0]
     return out.flatten(1)
 
@@ -36,7 +37,8 @@ def reference(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, limits:
 @pytest.mark.parametrize(("kv_heads", "group", "head_dim"), [(3, 3, 64), (2, 4, 128), (2, 2, 16), (4, 1, 32)])
 def test_the_kernel_attends_as_torch_does(built: kernels.Kernels, dtype: torch.dtype, kv_heads: int, group: int,
                                           head_dim: int) -> None:
-    positions, limits = 300, [299, 0, 136, -1]
+    # decoding rows (row r: slot r), then a chunk of three tokens of slot 4 at positions 120-122
+    positions, slots, limits = 300, [0, 1, 2, 3, 4, 4, 4], [299, 0, 136, -1, 120, 121, 122]
     kernel = attention.decode_attention(built, group, head_dim, positions)
     assert kernel is not None
     generator = torch.Generator().manual_seed(head_dim)
@@ -44,10 +46,11 @@ def test_the_kernel_attends_as_torch_does(built: kernels.Kernels, dtype: torch.d
     fused = torch.randn(len(limits), kv_heads * (group + 2), head_dim, generator=generator).to(dtype)
     q = fused[:, :kv_heads * group]  # a view, as the decoder's queries are (rows further apart)
     assert kernel.supports(q, keys)
-    got = kernel(q, keys, values, np.asarray(limits))
+    got = kernel(q, keys, values, np.asarray(slots), np.asarray(limits))
     assert got.dtype == dtype and got.shape == (len(limits), kv_heads * group * head_dim)
     tolerance = 1e-5 if dtype == torch.float32 else 1e-2  # bfloat16: its rounding of the result
-    torch.testing.assert_close(got.double(), reference(q, keys, values, limits), rtol=tolerance, atol=tolerance)
+    expected = reference(q, keys, values, slots, limits)
+    torch.testing.assert_close(got.double(), expected, rtol=tolerance, atol=tolerance)
     assert not got[3].any()  # a row below 0 attends to nothing
 
 
@@ -62,10 +65,13 @@ def test_shapes_beyond_the_kernel_are_left_to_torch(built: kernels.Kernels) -> N
     assert not kernel.supports(torch.zeros(1, 2, 64), keys.bfloat16())  # queries and keys differ
     assert not kernel.supports(torch.zeros(1, 3, 64), keys)  # not its group
     assert not kernel.supports(torch.zeros(1, 2, 64), torch.zeros(1, 1, 17, 64))  # more positions than its scratch
+    one = np.asarray([0])
     with pytest.raises(ValueError, match="does not take"):
-        kernel(torch.zeros(1, 2, 64), keys, torch.zeros(1, 1, 8, 64), np.asarray([3]))
+        kernel(torch.zeros(1, 2, 64), keys, torch.zeros(1, 1, 8, 64), one, np.asarray([3]))
+    with pytest.raises(ValueError, match="does not take"):
+        kernel(torch.zeros(1, 2, 64), keys, keys, np.asarray([1]), np.asarray([3]))  # no such slot
     with pytest.raises(ValueError, match="refused"):
-        kernel(torch.zeros(1, 2, 64), keys, keys, np.asarray([16]))  # past the slot's positions
+        kernel(torch.zeros(1, 2, 64), keys, keys, one, np.asarray([16]))  # past the slot's positions
 
 
 @pytest.mark.parametrize(("rows", "n", "k"), [(1, 1000, 576), (3, 70, 96), (2, 33, 64)])

@@ -12,6 +12,9 @@ slot, never a gathered copy. Rows ``0..B-1`` all run; a row whose slot holds no 
 sequence uses (a sequence ends when its context fills the window, before the token at that
 position is fed back), and whose output is dropped.
 
+On a CPU, a step's attention and its decoding products run through ``workers/kernels.c`` where it was
+built for the host (``use_kernels``: ``workers.kernels``, ``workers.attention``).
+
 With ``compile`` the decoding-only step is compiled (``torch.compile``: C++ kernels on a CPU,
 Triton kernels on a GPU, replayed there from CUDA graphs of batch-size buckets: ``cudagraphs``);
 steps with prompt chunks run eagerly.
@@ -167,7 +170,7 @@ class Decoder(nn.Module):
         self.register_buffer("sin", sin, persistent=False)
         self.register_buffer("columns", torch.arange(positions, device=device), persistent=False)
         self.compiled = compile
-        self.attention: DecodeAttention | None = None  # decoding rows' attention on a CPU (``use_kernels``)
+        self.attention: DecodeAttention | None = None  # a step's attention on a CPU (``use_kernels``)
         self._kernels: kernels.Kernels | None = None
         self._output_codes: tuple[Tensor, Tensor] | None = None  # the output layer's 8-bit codes and scales
         self._output_int8: kernels.GroupedWeights | None = None  # the same for kernels.c (``_int8_logits``)
@@ -185,7 +188,7 @@ class Decoder(nn.Module):
         return self.cache.slots
 
     def use_kernels(self, built: kernels.Kernels | None) -> None:
-        """Run decoding rows' attention (``workers.attention``), the output layer's 8-bit product
+        """Run a step's attention (``workers.attention``), the output layer's 8-bit product
         (``_int8_logits``) and, where ``pack_int4`` packs after this, the layers' 4-bit products
         (``weights.Linear.use_native``) through ``built`` where they apply; eager steps only (a compiled
         step keeps torch's). None: torch alone."""

@@ -141,6 +141,7 @@ async def test_a_long_prompt_joins_in_chunks_between_decoding_steps(tiny: loader
     monkeypatch.setattr(scheduler, "MAX_CHUNK", 16)
     engine = Engine(tiny)
     assert isinstance(engine.model, Decoder)
+    assert engine.model.attention is not None  # chunks beside decoding attend through kernels.c, with them
     keys, values = engine.model.cache.layer(0)
     addresses = (keys.data_ptr(), values.data_ptr())
     plans = recording(engine)

@@ -372,18 +372,30 @@ def test_an_output_layer_in_8_bits_runs_on_8_bit_groups() -> None:
     assert lossy.lm_head.inputs_twice
 
 
+def vectorised_kernels(directory: Path) -> kernels.Kernels:
+    """kernels.c built into ``directory``; the test is skipped where its products are not vectorised."""
+    built = kernels.load(directory)
+    if built is None or not built.int8_vectorised:
+        pytest.skip("kernels.c's products are vectorised with AVX512-VNNI only")
+    return built
+
+
+def dense_reference(model: Any, prompt: list[int]) -> tuple[list[int], torch.Tensor]:
+    """The dense decoder's 16 greedy tokens after ``prompt`` and its logits at each of them."""
+    dense = Decoder(model, slots=2, positions=256)
+    tokens = decode_greedy(dense, prompt, 16)
+    return tokens, forced_logits(dense, prompt, tokens)
+
+
 def test_on_one_thread_the_8_bit_output_layer_runs_through_kernels_c(tmp_path: Path,
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """With AVX512-VNNI and one thread, the output layer's 8-bit codes multiply inputs quantised to
     8 bits per 32 (``kernels.c``) instead of the 4-bit kernel run twice: about as close to the exact
     logits, the highest refined to exactly the dense model's, the same greedy tokens."""
-    built = kernels.load(tmp_path)
-    if built is None or not built.int8_vectorised:
-        pytest.skip("kernels.c's 8-bit product is vectorised with AVX512-VNNI only")
+    built = vectorised_kernels(tmp_path)
     model, exact = q8_output_model()
-    prompt, dense = list(range(10, 30)), Decoder(model, slots=2, positions=256)
-    tokens = decode_greedy(dense, prompt, 16)
-    expected = forced_logits(dense, prompt, tokens)
+    prompt = list(range(10, 30))
+    tokens, expected = dense_reference(model, prompt)
     twice = Decoder(model, slots=2, positions=256)
     twice.pack_int4(exact, rows=4, lossless_only=True)
     through_c = Decoder(model, slots=2, positions=256)
@@ -417,13 +429,10 @@ def test_on_one_thread_the_4_bit_layers_run_through_kernels_c(tmp_path: Path) ->
     per 32 (``kernels.c``, as llama.cpp does): about as close to the exact logits as torch's 4-bit
     kernel with its bfloat16 inputs (here closer: 4.3% against 5.3%; with either, this model's greedy
     tokens leave the dense model's within 16)."""
-    built = kernels.load(tmp_path)
-    if built is None or not built.int8_vectorised:
-        pytest.skip("kernels.c's 4-bit product is vectorised with AVX512-VNNI only")
+    built = vectorised_kernels(tmp_path)
     model, exact = q4_layers_model()
-    prompt, dense = list(range(10, 30)), Decoder(model, slots=2, positions=256)
-    tokens = decode_greedy(dense, prompt, 16)
-    expected = forced_logits(dense, prompt, tokens)
+    prompt = list(range(10, 30))
+    tokens, expected = dense_reference(model, prompt)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

@@ -123,7 +123,8 @@ async def _start_models(specs: list[ModelSpec], settings: Settings,
     runtimes: dict[str, ModelRuntime] = {}
     for spec in specs:
         loaded = await asyncio.to_thread(loader.load, spec, Path(settings.model_cache))
-        engine = Engine(loaded)
+        # packing the weights and building the CPU kernels take seconds: off the event loop (heartbeats)
+        engine = await asyncio.to_thread(Engine, loaded)
         engines.append(asyncio.create_task(engine.run()))
         started = time.monotonic()
         await engine.ready()

@@ -33,7 +33,7 @@ logger = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("kernels.c")
 # they run one thread: where torch runs more, its own parallel kernels are used
 MAX_THREADS = {"attend": 2, "int8": 1}
-GROUP = 32  # inputs per scale of 8-bit groups (as in kernels.c and GGUF's Q8_0)
+GROUP = weights.GROUP  # inputs per scale, 8-bit and 4-bit groups alike (kernels.c assumes 32)
 # the first: vectorised expf from glibc's libmvec; the second for a libc without it
 _FLAG_SETS = (["-O3", "-march=native", "-ffast-math"], ["-O3", "-march=native", "-fno-math-errno"])
 _LIBS = (["-lmvec", "-lm"], ["-lm"])

@@ -18,14 +18,17 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512F__)
+#if defined(__AVX512F__)
 #include <immintrin.h>
+#endif
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512F__)
 #define INT8_VECTORISED 1
 #else
 #define INT8_VECTORISED 0
 #endif
 
 #define MAX_GROUP 16
+#define BLOCK_ROWS 16 /* a prompt chunk's rows attending as one block, at most */
 #define MAX_DIM 256
 
 static inline float from_bf16(uint16_t h) {
@@ -101,6 +104,281 @@ static void softmax(float *s, int64_t length) {
     DEFINE_HEAD(head##DIM##_4_##SUFFIX, T, LOAD, STORE, DIM, DIM, 4, 4)                              \
     DEFINE_HEAD(head##DIM##_n_##SUFFIX, T, LOAD, STORE, DIM, DIM, group, MAX_GROUP)
 
+/* Blocks of a prompt chunk's rows (consecutive rows of one slot): with AVX512, their queries share each
+   key and value as it is read, as the per-row heads do for one row's group, and the arithmetic is
+   blocked for the vector units. Scores run against a tile of 16 keys transposed once for every query
+   of the block (16 keys' element i in one vector): with AVX512-BF16, a bfloat16 cache's pairs of
+   elements as they are (vdpbf16ps, exact products, float32 sums); else converted to float32 (FMA).
+   The values are summed in float32 for up to six queries at a time. Rows of a block attend to
+   positions up to their own limits; the block runs to the longest. A chunk row at 1,000 positions
+   (SmolLM2) costs about a fifth of what the per-row heads take. */
+#if defined(__AVX512F__)
+#define BLOCKS 1
+#define TILE 16
+#define VALUE_QUERIES 6
+
+/* r[j] lane i -> r[i] lane j (16 x 16 elements of 32 bits). */
+static inline void transpose16(__m512i r[16]) {
+    __m512i t[16], s[16];
+    for (int i = 0; i < 8; i++) {
+        t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+    }
+    for (int i = 0; i < 4; i++) { /* s[4i + k], lane L: column 4L + k of rows 4i..4i+3 */
+        s[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+        s[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+        s[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+        s[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+    }
+    for (int k = 0; k < 4; k++) { /* the 128-bit lanes of s[k], s[4+k], s[8+k], s[12+k], transposed */
+        __m512i x0 = _mm512_shuffle_i32x4(s[k], s[4 + k], 0x44), x1 = _mm512_shuffle_i32x4(s[k], s[4 + k], 0xEE);
+        __m512i y0 = _mm512_shuffle_i32x4(s[8 + k], s[12 + k], 0x44);
+        __m512i y1 = _mm512_shuffle_i32x4(s[8 + k], s[12 + k], 0xEE);
+        r[k] = _mm512_shuffle_i32x4(x0, y0, 0x88);
+        r[4 + k] = _mm512_shuffle_i32x4(x0, y0, 0xDD);
+        r[8 + k] = _mm512_shuffle_i32x4(x1, y1, 0x88);
+        r[12 + k] = _mm512_shuffle_i32x4(x1, y1, 0xDD);
+    }
+}
+
+static inline __m512 load16_f32(const float *p) { return _mm512_loadu_ps(p); }
+static inline __m512 load16_bf16(const uint16_t *p) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+}
+
+/* Keys 0..count-1 (count <= 16; the rest as zeros), d apart, each 16 of its elements at once (as
+   float32, or 32 bfloat16 as pairs): out[i] lane j = key j's element (or pair) i. */
+#define DEFINE_TILE(NAME, T, LOAD16, PER_VECTOR)                                                    \
+    static void NAME(const T *k, int64_t count, int64_t d, __m512 *out) {                           \
+        for (int64_t c = 0; c < d; c += PER_VECTOR) {                                               \
+            __m512i r[TILE];                                                                        \
+            for (int j = 0; j < TILE; j++)                                                          \
+                r[j] = j < count ? _mm512_castps_si512(LOAD16(k + j * d + c)) : _mm512_setzero_si512(); \
+            transpose16(r);                                                                         \
+            for (int j = 0; j < TILE; j++) out[c / (PER_VECTOR / 16) + j] = _mm512_castsi512_ps(r[j]); \
+        }                                                                                           \
+    }
+DEFINE_TILE(tile_f32, float, load16_f32, 16)
+
+/* scores[q * stride + t0 + j] (j < count) = scale * (query q . key j) for queries qf [nq, d] float32. */
+static void tile_scores_f32(const __m512 *kt, const float *qf, int64_t nq, int64_t d, float scale, float *scores,
+                            int64_t stride, __mmask16 mask) {
+    for (int64_t q = 0; q < nq; q++) {
+        const float *x = qf + q * d;
+        __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps(), a2 = _mm512_setzero_ps(), a3 = _mm512_setzero_ps();
+        for (int64_t i = 0; i < d; i += 4) {
+            a0 = _mm512_fmadd_ps(kt[i], _mm512_set1_ps(x[i]), a0);
+            a1 = _mm512_fmadd_ps(kt[i + 1], _mm512_set1_ps(x[i + 1]), a1);
+            a2 = _mm512_fmadd_ps(kt[i + 2], _mm512_set1_ps(x[i + 2]), a2);
+            a3 = _mm512_fmadd_ps(kt[i + 3], _mm512_set1_ps(x[i + 3]), a3);
+        }
+        __m512 sum = _mm512_mul_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)), _mm512_set1_ps(scale));
+        _mm512_mask_storeu_ps(scores + q * stride, mask, sum);
+    }
+}
+
+#if defined(__AVX512BF16__)
+static inline __m512 load32_bf16_pairs(const uint16_t *p) { return _mm512_loadu_ps((const float *)p); }
+DEFINE_TILE(tile_bf16_pairs, uint16_t, load32_bf16_pairs, 32)
+
+/* As tile_scores_f32, for queries in bfloat16 (pairs of elements as 32-bit words, d / 2 of them). */
+static void tile_scores_bf16(const __m512 *kt, const uint32_t *q2, int64_t nq, int64_t d, float scale,
+                             float *scores, int64_t stride, __mmask16 mask) {
+    for (int64_t q = 0; q < nq; q++) {
+        const uint32_t *x = q2 + q * (d / 2);
+        __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
+        for (int64_t p = 0; p < d / 2; p += 2) {
+            a0 = _mm512_dpbf16_ps(a0, (__m512bh)kt[p], (__m512bh)_mm512_set1_epi32((int)x[p]));
+            a1 = _mm512_dpbf16_ps(a1, (__m512bh)kt[p + 1], (__m512bh)_mm512_set1_epi32((int)x[p + 1]));
+        }
+        _mm512_mask_storeu_ps(scores + q * stride, mask, _mm512_mul_ps(_mm512_add_ps(a0, a1), _mm512_set1_ps(scale)));
+    }
+}
+#endif
+
+/* NAME for up to VALUE_QUERIES queries, through NAME_n with the count a constant: with it a variable,
+   gcc kept the sums on the stack. */
+#define DEFINE_BY_COUNT(NAME, T)                                                                    \
+    static void NAME(const T *v, int64_t d, int64_t c, const float *p, int64_t stride, int64_t nq,      \
+                     int64_t length, float *out, int64_t out_stride) {                              \
+        switch (nq < VALUE_QUERIES ? nq : VALUE_QUERIES) {                                          \
+        case 1: NAME##_n(v, d, c, p, stride, 1, length, out, out_stride); break;                   \
+        case 2: NAME##_n(v, d, c, p, stride, 2, length, out, out_stride); break;                   \
+        case 3: NAME##_n(v, d, c, p, stride, 3, length, out, out_stride); break;                   \
+        case 4: NAME##_n(v, d, c, p, stride, 4, length, out, out_stride); break;                   \
+        case 5: NAME##_n(v, d, c, p, stride, 5, length, out, out_stride); break;                   \
+        default: NAME##_n(v, d, c, p, stride, VALUE_QUERIES, length, out, out_stride); break;      \
+        }                                                                                           \
+    }
+
+/* out[q][c] (64 elements from c) = sum over t < length of p[q * stride + t] * v[t * d + c], for up to
+   VALUE_QUERIES queries: their sums stay in registers while each value is read once. */
+#define DEFINE_VALUES(NAME, T, LOAD16)                                                              \
+    static inline __attribute__((always_inline)) void NAME##_n(const T *v, int64_t d, int64_t c,      \
+            const float *p, int64_t stride, const int nq, int64_t length, float *out, int64_t out_stride) { \
+        __m512 acc[VALUE_QUERIES][4];                                                               \
+        for (int q = 0; q < VALUE_QUERIES; q++)                                                     \
+            for (int i = 0; i < 4; i++) acc[q][i] = _mm512_setzero_ps();                            \
+        for (int64_t t = 0; t < length; t++) {                                                      \
+            const T *row = v + t * d + c;                                                           \
+            __m512 x0 = LOAD16(row), x1 = LOAD16(row + 16), x2 = LOAD16(row + 32), x3 = LOAD16(row + 48); \
+            for (int q = 0; q < VALUE_QUERIES; q++) {                                               \
+                if (q >= nq) break;                                                                 \
+                __m512 w = _mm512_set1_ps(p[q * stride + t]);                                       \
+                acc[q][0] = _mm512_fmadd_ps(w, x0, acc[q][0]);                                      \
+                acc[q][1] = _mm512_fmadd_ps(w, x1, acc[q][1]);                                      \
+                acc[q][2] = _mm512_fmadd_ps(w, x2, acc[q][2]);                                      \
+                acc[q][3] = _mm512_fmadd_ps(w, x3, acc[q][3]);                                      \
+            }                                                                                       \
+        }                                                                                           \
+        for (int q = 0; q < nq && q < VALUE_QUERIES; q++)                                           \
+            for (int i = 0; i < 4; i++) _mm512_storeu_ps(out + q * out_stride + c + 16 * i, acc[q][i]); \
+    }                                                                                               \
+    DEFINE_BY_COUNT(NAME, T)
+DEFINE_VALUES(values_f32, float, load16_f32)
+#if defined(__AVX512BF16__)
+/* The probabilities of a row rounded to bfloat16 in place (the first half of its bytes), zero past
+   length up to an even count, for values_bf16_pairs. */
+static void probabilities_bf16(float *p, int64_t length) {
+    uint16_t *h = (uint16_t *)p;
+    int64_t t = 0;
+    for (; t + 16 <= length; t += 16) _mm256_storeu_si256((__m256i *)(h + t), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(p + t)));
+    for (; t < length; t++) h[t] = to_bf16(p[t]);
+    if (length & 1) h[length] = 0;
+}
+
+/* As values_bf16, with the probabilities in bfloat16 (probabilities_bf16) and the values of two
+   positions at once (vdpbf16ps: exact products, float32 sums), as torch's own CPU attention rounds
+   them for its second product. A pair of rows interleaved (within 128-bit lanes) gives, per 32 of
+   their elements, two vectors of 16 pairs: elements 8L..8L+3 and 8L+4..8L+7 of each lane L. */
+static inline __attribute__((always_inline)) void values_bf16_pairs_n(const uint16_t *v, int64_t d, int64_t c,
+        const float *probabilities, int64_t stride, const int nq, int64_t length, float *out, int64_t out_stride) {
+    const uint32_t *p = (const uint32_t *)probabilities; /* p[q * stride + t / 2]: positions t and t + 1 */
+    __m512 acc[VALUE_QUERIES][4];
+    for (int q = 0; q < VALUE_QUERIES; q++)
+        for (int i = 0; i < 4; i++) acc[q][i] = _mm512_setzero_ps();
+    for (int64_t t = 0; t < length; t += 2) {
+        const uint16_t *a = v + t * d + c, *b = a + d;
+        __m512i a0 = _mm512_loadu_si512(a), a1 = _mm512_loadu_si512(a + 32);
+        __m512i b0 = t + 1 < length ? _mm512_loadu_si512(b) : _mm512_setzero_si512();
+        __m512i b1 = t + 1 < length ? _mm512_loadu_si512(b + 32) : _mm512_setzero_si512();
+        __m512bh x[4] = {(__m512bh)_mm512_unpacklo_epi16(a0, b0), (__m512bh)_mm512_unpackhi_epi16(a0, b0),
+                         (__m512bh)_mm512_unpacklo_epi16(a1, b1), (__m512bh)_mm512_unpackhi_epi16(a1, b1)};
+        for (int q = 0; q < VALUE_QUERIES; q++) {
+            if (q >= nq) break;
+            __m512bh w = (__m512bh)_mm512_set1_epi32((int)p[q * stride + t / 2]);
+            for (int i = 0; i < 4; i++) acc[q][i] = _mm512_dpbf16_ps(acc[q][i], x[i], w);
+        }
+    }
+    for (int q = 0; q < nq && q < VALUE_QUERIES; q++) {
+        float lanes[64];
+        for (int i = 0; i < 4; i++) _mm512_storeu_ps(lanes + 16 * i, acc[q][i]);
+        for (int i = 0; i < 4; i++) /* vector i: elements 32 * (i / 2) + 8L + 4 * (i % 2) + j, lane 4L + j */
+            for (int lane = 0; lane < 16; lane++)
+                out[q * out_stride + c + 32 * (i / 2) + 8 * (lane / 4) + 4 * (i % 2) + lane % 4] = lanes[16 * i + lane];
+    }
+}
+DEFINE_BY_COUNT(values_bf16_pairs, uint16_t)
+#endif
+#else
+#define BLOCKS 0
+#endif
+
+#if BLOCKS
+
+static void softmax_to(float *s, int64_t length, int64_t width) {
+    if (length > 0) softmax(s, length);
+    for (int64_t t = length < 0 ? 0 : length; t < width; t++) s[t] = 0.0f;
+}
+
+/* One key head of a block of `rows` rows of one slot: row r's `group` queries at q + r * q_stride (d
+   apart), its output at out + r * out_stride, lengths[r] keys (<= 0: zeros). work: 64-byte aligned,
+   (TILE + 2 * rows * group) * d + rows * group * stride floats, stride >= the longest rounded up to TILE. */
+#define DEFINE_BLOCK(SUFFIX, T, LOAD, STORE, QUERY_T, PREP, TILE_FN, SCORES_FN, PROBABILITIES, VALUES_FN)            \
+    static void block_##SUFFIX(const T *q, int64_t q_stride, const T *k, const T *v, const int64_t *lengths, \
+                               int64_t rows, int64_t group, int64_t d, float scale, int64_t stride,        \
+                               float *work, T *out, int64_t out_stride) {                                  \
+        int64_t nq = rows * group, longest = 0;                                                            \
+        for (int64_t r = 0; r < rows; r++) longest = lengths[r] > longest ? lengths[r] : longest;          \
+        __m512 *tile = (__m512 *)work;                                                                     \
+        QUERY_T *queries = (QUERY_T *)(work + TILE * d);                                                   \
+        float *sums = work + TILE * d + nq * d, *scores = sums + nq * d;                                   \
+        for (int64_t r = 0; r < rows; r++)                                                                 \
+            for (int64_t g = 0; g < group; g++) PREP(queries, (r * group + g), q + r * q_stride + g * d, d); \
+        for (int64_t t0 = 0; t0 < longest; t0 += TILE) {                                                   \
+            int64_t count = longest - t0 < TILE ? longest - t0 : TILE;                                     \
+            TILE_FN(k + t0 * d, count, d, tile);                                                           \
+            SCORES_FN(tile, queries, nq, d, scale, scores + t0, stride, (__mmask16)((1u << count) - 1));    \
+        }                                                                                                  \
+        for (int64_t i = 0; i < nq; i++) {                                                                 \
+            softmax_to(scores + i * stride, lengths[i / group], longest);                                  \
+            PROBABILITIES(scores + i * stride, longest);                                                   \
+        }                                                                                                  \
+        for (int64_t c = 0; c < d; c += 64)                                                                \
+            for (int64_t i = 0; i < nq; i += VALUE_QUERIES)                                                \
+                VALUES_FN(v, d, c, scores + i * stride, stride, nq - i, longest, sums + i * d, d);         \
+        for (int64_t r = 0; r < rows; r++)                                                                 \
+            for (int64_t j = 0; j < group * d; j++) out[r * out_stride + j] = STORE(sums[r * group * d + j]); \
+    }
+
+#define PREP_F32(queries, i, src, d) for (int64_t e = 0; e < (d); e++) (queries)[(i) * (d) + e] = from_f32((src)[e])
+#define PREP_BF16_AS_F32(queries, i, src, d) for (int64_t e = 0; e < (d); e++) (queries)[(i) * (d) + e] = from_bf16((src)[e])
+#define KEEP_FLOAT32(p, length) (void)0
+#define PREP_PAIRS(queries, i, src, d) memcpy((queries) + (i) * ((d) / 2), (src), (size_t)(d) * sizeof(uint16_t))
+
+DEFINE_BLOCK(f32, float, from_f32, to_f32, float, PREP_F32, tile_f32, tile_scores_f32, KEEP_FLOAT32, values_f32)
+#if defined(__AVX512BF16__)
+DEFINE_BLOCK(bf16, uint16_t, from_bf16, to_bf16, uint32_t, PREP_PAIRS, tile_bf16_pairs, tile_scores_bf16, probabilities_bf16, \
+             values_bf16_pairs)
+#else
+DEFINE_VALUES(values_bf16, uint16_t, load16_bf16)
+DEFINE_TILE(tile_bf16_as_f32, uint16_t, load16_bf16, 16)
+DEFINE_BLOCK(bf16, uint16_t, from_bf16, to_bf16, float, PREP_BF16_AS_F32, tile_bf16_as_f32, tile_scores_f32, KEEP_FLOAT32, \
+             values_bf16)
+#endif
+#endif
+
+
+/* How many rows from row r attend as one block (consecutive rows of one slot: a prompt chunk's), or 1
+   where they attend one at a time. */
+static int64_t block_rows(const int64_t *slots, int64_t r, int64_t rows, int64_t d) {
+    int64_t m = 1;
+    if (!BLOCKS || d % 64) return 1;
+    while (r + m < rows && m < BLOCK_ROWS && slots[r + m] == slots[r]) m++;
+    return m;
+}
+
+#if BLOCKS
+/* Rows r..r+m-1 (one slot) as a block, every key head; -1 where memory for its work ran out. */
+#define DEFINE_ATTEND_BLOCK(SUFFIX, T)                                                               \
+    static int attend_block_##SUFFIX(const T *q, int64_t q_stride, const T *keys, const T *values,   \
+                                     const int64_t *slots, const int64_t *limits, int64_t r, int64_t m, \
+                                     int64_t kv, int64_t group, int64_t d, int64_t positions, float scale, \
+                                     T *out) {                                                       \
+        int64_t lengths[BLOCK_ROWS], longest = 0;                                                    \
+        for (int64_t i = 0; i < m; i++) {                                                            \
+            lengths[i] = limits[r + i] + 1;                                                          \
+            longest = lengths[i] > longest ? lengths[i] : longest;                                   \
+        }                                                                                            \
+        int64_t stride = (longest + TILE - 1) / TILE * TILE, nq = m * group;                         \
+        size_t floats = (size_t)((TILE + 2 * nq) * d + nq * stride);                                 \
+        float *work = aligned_alloc(64, floats * sizeof(float));                                     \
+        if (work == NULL) return -1;                                                                 \
+        for (int64_t h = 0; h < kv; h++) {                                                           \
+            int64_t at = (slots[r] * kv + h) * positions * d;                                        \
+            block_##SUFFIX(q + r * q_stride + h * group * d, q_stride, keys + at, values + at, lengths, m, \
+                           group, d, scale, stride, work, out + (r * kv + h) * group * d, kv * group * d); \
+        }                                                                                            \
+        free(work);                                                                                  \
+        return 0;                                                                                    \
+    }
+DEFINE_ATTEND_BLOCK(f32, float)
+DEFINE_ATTEND_BLOCK(bf16, uint16_t)
+#define ATTEND_BLOCK(SUFFIX, ...) attend_block_##SUFFIX(__VA_ARGS__)
+#else
+#define ATTEND_BLOCK(SUFFIX, ...) 0 /* never: block_rows is 1 without AVX512 */
+#endif
+
 typedef void (*head_fn_bf16)(const uint16_t *, const uint16_t *, const uint16_t *, int64_t, int64_t, int64_t,
                              float, float *, int64_t, uint16_t *);
 typedef void (*head_fn_f32)(const float *, const float *, const float *, int64_t, int64_t, int64_t, float,
@@ -124,10 +402,19 @@ typedef void (*head_fn_f32)(const float *, const float *, const float *, int64_t
                         int64_t group, int64_t d, int64_t positions, float scale, float *scores,     \
                         T *out) {                                                                    \
         if (group < 1 || group > MAX_GROUP || d > MAX_DIM) return -1;                                \
+        for (int64_t r = 0; r < rows; r++)                                                           \
+            if (limits[r] + 1 > positions) return -1;                                                \
         head_fn_##SUFFIX head = pick_##SUFFIX(group, d);                                             \
-        for (int64_t r = 0; r < rows; r++) {                                                         \
+        for (int64_t r = 0; r < rows;) {                                                             \
+            int64_t m = block_rows(slots, r, rows, d);                                               \
+            if (m > 1) {                                                                             \
+                if (ATTEND_BLOCK(SUFFIX, q, q_stride, keys, values, slots, limits, r, m, kv, group, d, \
+                                 positions, scale, out) != 0)                                        \
+                    return -2;                                                                       \
+                r += m;                                                                              \
+                continue;                                                                            \
+            }                                                                                        \
             int64_t length = limits[r] + 1;                                                          \
-            if (length > positions) return -1;                                                       \
             for (int64_t h = 0; h < kv; h++) {                                                       \
                 const T *qh = q + r * q_stride + h * group * d;                                      \
                 T *o = out + (r * kv + h) * group * d;                                               \
@@ -138,6 +425,7 @@ typedef void (*head_fn_f32)(const float *, const float *, const float *, int64_t
                 int64_t at = (slots[r] * kv + h) * positions * d;                                    \
                 head(qh, keys + at, values + at, length, group, d, scale, scores, positions, o);     \
             }                                                                                        \
+            r++;                                                                                     \
         }                                                                                            \
         return 0;                                                                                    \
     }

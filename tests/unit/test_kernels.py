@@ -54,6 +54,30 @@ def test_the_kernel_attends_as_torch_does(built: kernels.Kernels, dtype: torch.d
     assert not got[3].any()  # a row below 0 attends to nothing
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("kv_heads", "group", "head_dim"), [(3, 3, 64), (2, 4, 128), (1, 7, 64)])
+def test_prompt_chunks_attend_as_blocks_as_torch_does(built: kernels.Kernels, dtype: torch.dtype, kv_heads: int,
+                                                      group: int, head_dim: int) -> None:
+    """A chunk's rows attend as blocks of up to 16 (kernels.c, "Blocks"): a decoding row, then a
+    40-token chunk from the start of slot 1 (blocks of 16, 16 and 8), a 5-token chunk of slot 2 right
+    beside it (a block ends where the slot changes) and a 19-token chunk ending at the last position
+    of slot 3 (its last tile of keys is partial, with nothing after it to read)."""
+    positions = 91
+    chunks = [(1, 0, 40), (2, 60, 65), (3, positions - 19, positions)]
+    slots = [0] + [slot for slot, start, end in chunks for _ in range(start, end)]
+    limits = [50] + [position for _, start, end in chunks for position in range(start, end)]
+    kernel = attention.decode_attention(built, group, head_dim, positions)
+    assert kernel is not None
+    generator = torch.Generator().manual_seed(group)
+    keys, values = (torch.randn(4, kv_heads, positions, head_dim, generator=generator).to(dtype) for _ in range(2))
+    q = torch.randn(len(limits), kv_heads * group, head_dim, generator=generator).to(dtype)
+    got = kernel(q, keys, values, np.asarray(slots), np.asarray(limits))
+    # bfloat16: its rounding of the result, and of the probabilities (as torch's own CPU attention)
+    tolerance = 1e-5 if dtype == torch.float32 else 1e-2
+    torch.testing.assert_close(got.double(), reference(q, keys, values, slots, limits), rtol=tolerance,
+                               atol=tolerance)
+
+
 def test_shapes_beyond_the_kernel_are_left_to_torch(built: kernels.Kernels) -> None:
     assert attention.decode_attention(built, attention.MAX_GROUP + 1, 64, 16) is None
     assert attention.decode_attention(built, 2, attention.MAX_DIM * 2, 16) is None

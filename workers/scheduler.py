@@ -18,6 +18,7 @@ a sequence after it asked it to stop.
 import heapq
 import logging
 import math
+import statistics
 import threading
 import time
 from collections import deque
@@ -40,7 +41,10 @@ PREFILL_TOKENS = 2048  # prompt tokens of a step while nobody decodes (a burst o
 MIN_CHUNK = 4  # prompt tokens of a chunk beside decoding, at least (16 cost 2.4 decoding steps on a slow CPU)
 FIRST_CHUNK = 16  # while the costs are not measured yet
 STALL = 0.6  # prompt tokens per step while others decode: as many as cost this many decoding steps
-SMOOTHING = 0.2  # weight of the newest measurement in the running cost estimates
+SMOOTHING = 0.2  # weight of the newest measurement in the chunks' running cost estimates
+# a decoding step's price: the median of this many recent ones (a running mean kept the few slow
+# steps of streams starting, 32 ms against 25, and every chunk of the join that followed took more)
+DECODE_STEPS = 15
 
 
 @dataclass(frozen=True)
@@ -91,7 +95,8 @@ class Scheduler:
         self._running: dict[int, _Running] = {}  # by slot, in order of admission
         self._free = list(range(model.slots))
         self._prefixes = Prefixes(model.slots) if reuse_prefixes else None
-        self._decode_seconds: float | None = None
+        self._decode_seconds: float | None = None  # the median of the recent decoding steps
+        self._decode_recent: deque[float] = deque(maxlen=DECODE_STEPS)
         self._chunk_cost = ChunkCost()
         self._last_chunked = FIRST_CHUNK  # prompt tokens of the last step with chunks beside decoding
         self._thread = threading.Thread(target=self._loop, name=f"engine-{name}", daemon=True)
@@ -248,7 +253,8 @@ class Scheduler:
     def _measure(self, plan: StepPlan, seconds: float) -> None:
         prompt_tokens = sum(len(chunk.tokens) for chunk in plan.chunks)
         if not prompt_tokens:
-            self._decode_seconds = _smoothed(self._decode_seconds, seconds)
+            self._decode_recent.append(seconds)
+            self._decode_seconds = statistics.median(self._decode_recent)
         elif plan.feeds:  # only chunks beside decoding: a prefill alone runs larger, cheaper products
             pairs = sum(len(chunk.tokens) * chunk.end for chunk in plan.chunks)
             self._chunk_cost.add(prompt_tokens, pairs, max(seconds - (self._decode_seconds or 0.0), 1e-6))
@@ -359,7 +365,3 @@ class ChunkCost:
             return None  # terms the steps do not tell apart (a position term while positions stay put)
         solved = np.linalg.solve(scaled, self._sums[index, 3] / scale) / scale
         return [float(value) for value in solved]
-
-
-def _smoothed(previous: float | None, value: float) -> float:
-    return value if previous is None else (1 - SMOOTHING) * previous + SMOOTHING * value

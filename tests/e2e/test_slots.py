@@ -185,6 +185,28 @@ def test_a_chunk_beside_decoding_grows_at_most_by_half(tiny: loader.LoadedModel)
         engine.close()
 
 
+def test_a_decoding_step_is_priced_at_the_median_of_recent_ones(tiny: loader.LoadedModel) -> None:
+    """A few slow decoding steps (streams starting, a busy moment) do not raise the price of every
+    chunk after them, as a running mean did (it read 32 ms where the steps took 25)."""
+    engine = Engine(tiny)
+    try:
+        chosen = engine._scheduler
+        decoding = StepPlan(feeds=[Feed(0, 1, 40), Feed(1, 1, 40)])
+        for seconds in [0.3, 0.25, 0.2] + [0.1] * 6:
+            chosen._measure(decoding, seconds)
+        assert chosen._decode_seconds == 0.1
+        for _ in range(scheduler.DECODE_STEPS):
+            chosen._measure(decoding, 0.04)
+        assert chosen._decode_seconds == 0.04  # only the recent ones
+        # a step with chunks beside decoding is priced against it: what it took beyond 40 ms
+        chosen._measure(StepPlan(feeds=decoding.feeds, chunks=[Chunk(2, 0, [1] * 10, False)]), 0.05)
+        assert chosen._decode_seconds == 0.04
+        price = chosen._chunk_cost.fit()
+        assert price is not None and price.per_token == pytest.approx(0.001)  # 10 ms for 10 tokens
+    finally:
+        engine.close()
+
+
 def test_prompts_waiting_beside_fewer_decoding_streams_take_more_per_step(tiny: loader.LoadedModel) -> None:
     engine = Engine(tiny)
     try:

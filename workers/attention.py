@@ -56,6 +56,8 @@ class DecodeAttention:
             q.data_ptr(), q.stride(0), keys.data_ptr(), values.data_ptr(), slots.ctypes.data, limits.ctypes.data,
             rows, kv_heads, heads // kv_heads, head_dim, keys.shape[2], head_dim ** -0.5, self._scores.data_ptr(),
             out.data_ptr())
+        if status == -2:
+            raise MemoryError("kernels.c: no memory for a block of chunk rows")
         if status != 0:
             raise ValueError(f"attend refused limits {limits.min()}..{limits.max()} for keys {tuple(keys.shape)}")
         return out

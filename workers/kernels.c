@@ -4,7 +4,8 @@
    decoding sequence's token or a prompt chunk's: its queries attend to positions 0..limits[r] of
    slot slots[r] (a limit below 0: the row's output is zeros). The queries of one key head's group
    share each key and value as it is read; scores, softmax and sums are float32 whatever the
-   cache's dtype.
+   cache's dtype. A prompt chunk's rows attend as blocks (below, "Blocks"). Returns 0; -1 for a
+   group, head size or limit it does not take; -2 where memory for a block's work ran out.
 
    int8_*: a product with weights in 8-bit groups as GGUF's Q8_0 holds them (a code from -127 to 127
    per weight, a scale per 32), the output layer's (workers/decoder.py); int4_product: one with
@@ -104,14 +105,16 @@ static void softmax(float *s, int64_t length) {
     DEFINE_HEAD(head##DIM##_4_##SUFFIX, T, LOAD, STORE, DIM, DIM, 4, 4)                              \
     DEFINE_HEAD(head##DIM##_n_##SUFFIX, T, LOAD, STORE, DIM, DIM, group, MAX_GROUP)
 
-/* Blocks of a prompt chunk's rows (consecutive rows of one slot): with AVX512, their queries share each
+/* Blocks: a prompt chunk's rows (consecutive rows of one slot), with AVX512. Their queries share each
    key and value as it is read, as the per-row heads do for one row's group, and the arithmetic is
    blocked for the vector units. Scores run against a tile of 16 keys transposed once for every query
    of the block (16 keys' element i in one vector): with AVX512-BF16, a bfloat16 cache's pairs of
    elements as they are (vdpbf16ps, exact products, float32 sums); else converted to float32 (FMA).
-   The values are summed in float32 for up to six queries at a time. Rows of a block attend to
-   positions up to their own limits; the block runs to the longest. A chunk row at 1,000 positions
-   (SmolLM2) costs about a fifth of what the per-row heads take. */
+   The values are summed in float32 for up to six queries at a time, a bfloat16 cache's with the
+   probabilities rounded to bfloat16 (two positions a vdpbf16ps, as torch's own CPU attention rounds
+   them). Rows of a block attend to positions up to their own limits; the block runs to the longest.
+   16 rows at 1,000 positions (SmolLM2, one thread): about half what the per-row heads take, a third
+   of torch's attention. */
 #if defined(__AVX512F__)
 #define BLOCKS 1
 #define TILE 16

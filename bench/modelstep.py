@@ -61,15 +61,9 @@ def llama_cpp_rates(spec: Any, cache: Path, prompt: list[int], fresh: list[list[
     time to first token of ``prompt`` from nothing, of ``prompt`` again and of each ``fresh`` prompt
     (llama-cpp-python keeps the longest prefix of its last context, as our slots do); None when
     llama-cpp-python is not installed or the model has no GGUF."""
-    try:
-        import llama_cpp
-    except ImportError:
+    llm = _llama_cpp(spec, threads)
+    if llm is None:
         return None
-    kind, _, location = spec.source.partition(":")
-    if kind != "gguf-package":
-        return None
-    llm = llama_cpp.Llama(model_path=str(modelfiles.package_file(location)), n_threads=threads, n_threads_batch=threads,
-                          n_ctx=4096, verbose=False)
     runs = []
     for _ in range(repeat):
         llm.reset()  # no prompt cache: the prompt is evaluated each time
@@ -81,6 +75,36 @@ def llama_cpp_rates(spec: Any, cache: Path, prompt: list[int], fresh: list[list[
     llm.close()
     return LlamaCpp(statistics.median(rate for rate, _ in runs), statistics.median(first for _, first in runs),
                     statistics.median(again), statistics.median(firsts_fresh))
+
+
+def llama_cpp_long(spec: Any, prompt: list[int], tokens: int, threads: int) -> tuple[float, float] | None:
+    """llama.cpp's tokens/s over the first 100 and the last 100 tokens of one ``tokens``-token greedy
+    generation (as ``engine.long_generation``: the same bound, reading a longer context each token);
+    None where it cannot run."""
+    llm = _llama_cpp(spec, threads)
+    if llm is None:
+        return None
+    times = []
+    for _token in llm.generate(prompt, top_k=1, top_p=1.0, temp=0.0, repeat_penalty=1.0):
+        times.append(time.perf_counter())
+        if len(times) == tokens:
+            break
+    llm.close()
+    return 99 / (times[99] - times[0]), 99 / (times[-1] - times[-100])
+
+
+def _llama_cpp(spec: Any, threads: int) -> Any:
+    """llama-cpp-python on the model's GGUF file with ``threads`` threads; None when it is not installed
+    or the model has no GGUF."""
+    try:
+        import llama_cpp
+    except ImportError:
+        return None
+    kind, _, location = spec.source.partition(":")
+    if kind != "gguf-package":
+        return None
+    return llama_cpp.Llama(model_path=str(modelfiles.package_file(location)), n_threads=threads,
+                           n_threads_batch=threads, n_ctx=4096, verbose=False)
 
 
 def _llama_cpp_run(llm: Any, prompt: list[int], tokens: int) -> tuple[float, float]:
@@ -157,11 +181,11 @@ async def model_step(args: argparse.Namespace, stack: Stack, local: Any, table: 
         llama = "" if theirs is None else f"{getattr(theirs, field) * 1000:.1f} ms llama.cpp"
         table.add(f"1 stream: TTFT p50, {label}", f"{ours * 1000:.1f} ms", llama, "",
                   "" if field == "first" else "<= 60 ms")
-    await long_and_joining(args, stack, local, table, prompt)
+    await long_and_joining(args, stack, local, table, prompt, threads)
 
 
 async def long_and_joining(args: argparse.Namespace, stack: Stack, local: Any, table: Table,
-                           prompt: list[int]) -> None:
+                           prompt: list[int], threads: int) -> None:
     """A long generation's last tokens against its first; running streams while a long prompt joins."""
     # in process, on an engine of its own: through the service the model ends its answer first
     first_rate, last_rate = await engine.long_generation(local.loaded.spec, Path(load_settings().model_cache),
@@ -172,6 +196,10 @@ async def long_and_joining(args: argparse.Namespace, stack: Stack, local: Any, t
                                                          prompt, args.long_tokens, kernel=False)
     table.add("  the same with torch's attention for decoding rows (not kernels.c)", f"{last_rate:.1f}",
               f"{first_rate:.1f}", ratio(last_rate, first_rate))
+    theirs = llama_cpp_long(local.loaded.spec, prompt, args.long_tokens, threads)
+    if theirs is not None:
+        table.add("  llama.cpp, the same generation (same GGUF and threads)", f"{theirs[1]:.1f}", f"{theirs[0]:.1f}",
+                  ratio(theirs[1], theirs[0]))
     text = long_prompt_text(local, args.long_tokens)
     median, p99, worst = await joining_prompt(stack.api_port, args.model, text)
     table.add(f"8 streams, a {len(local.prompt(text))}-token prompt joins: inter-token delay p99 (max) / median apart",

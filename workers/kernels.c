@@ -61,10 +61,20 @@ static void softmax(float *s, int64_t length) {
     for (int64_t t = 0; t < length; t++) s[t] *= inv;
 }
 
+#define PREFETCH_AHEAD 32 /* keys fetched this many positions ahead of the one being read */
+
+/* Every cache line of a row of `bytes` (a prefetch never faults: past a slot's end it reads nothing). */
+static inline void prefetch_row(const void *row, int64_t bytes) {
+    for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch((const char *)row + b);
+}
+
 /* One key head: its GRP queries against `length` keys and values (DIM apart). GRP and DIM constant
    let the compiler keep a row and the sums of every query in registers (a third faster than with
    the group a variable); the last variant takes both as variables. Each key and value is read once
-   for all queries of the head. */
+   for all queries of the head. While the keys are read, the values of the same positions and the
+   keys PREFETCH_AHEAD positions on are fetched too: reading from memory (a long sequence's keys and
+   values are not in the caches), two streams at once took 15% (one row at 1,500 positions) to 30%
+   (8 rows at 1,000) off the time of reading them one after the other. */
 #define DEFINE_HEAD(NAME, T, LOAD, STORE, DIM, DIMS, GRP, GRPS)                                      \
     static void NAME(const T *q, const T *k, const T *v, int64_t length, int64_t group, int64_t d, \
                      float scale, float *scores, int64_t stride, T *out) {                         \
@@ -75,6 +85,8 @@ static void softmax(float *s, int64_t length) {
             for (int64_t i = 0; i < DIM; i++) qf[g][i] = LOAD(q[g * DIM + i]) * scale;              \
         for (int64_t t = 0; t < length; t++) {                                                     \
             float row[DIMS];                                                                       \
+            prefetch_row(v + t * DIM, DIM * (int64_t)sizeof(T));                                    \
+            prefetch_row(k + (t + PREFETCH_AHEAD) * DIM, DIM * (int64_t)sizeof(T));                 \
             for (int64_t i = 0; i < DIM; i++) row[i] = LOAD(k[t * DIM + i]);                        \
             for (int64_t g = 0; g < GRP; g++) {                                                    \
                 float s = 0.0f;                                                                    \
@@ -250,7 +262,7 @@ static void probabilities_bf16(float *p, int64_t length) {
     if (length & 1) h[length] = 0;
 }
 
-/* As values_bf16, with the probabilities in bfloat16 (probabilities_bf16) and the values of two
+/* As values_f32 for a bfloat16 cache, with the probabilities in bfloat16 (probabilities_bf16) and the values of two
    positions at once (vdpbf16ps: exact products, float32 sums), as torch's own CPU attention rounds
    them for its second product. A pair of rows interleaved (within 128-bit lanes) gives, per 32 of
    their elements, two vectors of 16 pairs: elements 8L..8L+3 and 8L+4..8L+7 of each lane L. */
@@ -297,7 +309,7 @@ static void softmax_to(float *s, int64_t length, int64_t width) {
 /* One key head of a block of `rows` rows of one slot: row r's `group` queries at q + r * q_stride (d
    apart), its output at out + r * out_stride, lengths[r] keys (<= 0: zeros). work: 64-byte aligned,
    (TILE + 2 * rows * group) * d + rows * group * stride floats, stride >= the longest rounded up to TILE. */
-#define DEFINE_BLOCK(SUFFIX, T, LOAD, STORE, QUERY_T, PREP, TILE_FN, SCORES_FN, PROBABILITIES, VALUES_FN)            \
+#define DEFINE_BLOCK(SUFFIX, T, STORE, QUERY_T, PREP, TILE_FN, SCORES_FN, PROBABILITIES, VALUES_FN)                  \
     static void block_##SUFFIX(const T *q, int64_t q_stride, const T *k, const T *v, const int64_t *lengths, \
                                int64_t rows, int64_t group, int64_t d, float scale, int64_t stride,        \
                                float *work, T *out, int64_t out_stride) {                                  \
@@ -329,18 +341,17 @@ static void softmax_to(float *s, int64_t length, int64_t width) {
 #define KEEP_FLOAT32(p, length) (void)0
 #define PREP_PAIRS(queries, i, src, d) memcpy((queries) + (i) * ((d) / 2), (src), (size_t)(d) * sizeof(uint16_t))
 
-DEFINE_BLOCK(f32, float, from_f32, to_f32, float, PREP_F32, tile_f32, tile_scores_f32, KEEP_FLOAT32, values_f32)
+DEFINE_BLOCK(f32, float, to_f32, float, PREP_F32, tile_f32, tile_scores_f32, KEEP_FLOAT32, values_f32)
 #if defined(__AVX512BF16__)
-DEFINE_BLOCK(bf16, uint16_t, from_bf16, to_bf16, uint32_t, PREP_PAIRS, tile_bf16_pairs, tile_scores_bf16, probabilities_bf16, \
+DEFINE_BLOCK(bf16, uint16_t, to_bf16, uint32_t, PREP_PAIRS, tile_bf16_pairs, tile_scores_bf16, probabilities_bf16, \
              values_bf16_pairs)
 #else
 DEFINE_VALUES(values_bf16, uint16_t, load16_bf16)
 DEFINE_TILE(tile_bf16_as_f32, uint16_t, load16_bf16, 16)
-DEFINE_BLOCK(bf16, uint16_t, from_bf16, to_bf16, float, PREP_BF16_AS_F32, tile_bf16_as_f32, tile_scores_f32, KEEP_FLOAT32, \
+DEFINE_BLOCK(bf16, uint16_t, to_bf16, float, PREP_BF16_AS_F32, tile_bf16_as_f32, tile_scores_f32, KEEP_FLOAT32, \
              values_bf16)
 #endif
 #endif
-
 
 /* How many rows from row r attend as one block (consecutive rows of one slot: a prompt chunk's), or 1
    where they attend one at a time. */

@@ -32,7 +32,7 @@ from workers import kernels
 from workers.attention import DecodeAttention, decode_attention
 from workers.cudagraphs import StepGraphs
 from workers.kvslots import KvSlots, StepPlan
-from workers.layers import Layer, rms_norm
+from workers.layers import Layer, NativeNorm, norm
 from workers.weights import GROUP, Linear, frozen, int8_codes, on_int4_grid, on_int8_grid
 
 logger = logging.getLogger(__name__)
@@ -102,6 +102,7 @@ class Decoder(nn.Module):
         self.compiled = compile
         self.attention: DecodeAttention | None = None  # a step's attention on a CPU (``use_kernels``)
         self._kernels: kernels.Kernels | None = None
+        self._native_norm: NativeNorm | None = None  # kernels.c's RMS norm (``use_kernels``)
         self._output_codes: tuple[Tensor, Tensor] | None = None  # the output layer's 8-bit codes and scales
         self._output_int8: kernels.GroupedWeights | None = None  # the same for kernels.c (``_int8_logits``)
         self.graphs = compile and device.type == "cuda"
@@ -118,13 +119,16 @@ class Decoder(nn.Module):
         return self.cache.slots
 
     def use_kernels(self, built: kernels.Kernels | None) -> None:
-        """Run a step's attention (``workers.attention``), the output layer's 8-bit product
-        (``_int8_logits``) and, where ``pack_int4`` packs after this, the layers' 4-bit products
-        (``weights.Linear.use_native``) through ``built`` where they apply; eager steps only (a compiled
-        step keeps torch's). None: torch alone."""
+        """Run a step's attention (``workers.attention``), its RMS norms of float32 rows
+        (``layers.norm``), the output layer's 8-bit product (``_int8_logits``) and, where ``pack_int4``
+        packs after this, the layers' 4-bit products (``weights.Linear.use_native``) through ``built``
+        where they apply; eager steps only (a compiled step keeps torch's). None: torch alone."""
         _, _, head_dim = self.shape
         self._kernels = built
         self.attention = decode_attention(built, self.group, head_dim, self.cache.positions)
+        self._native_norm = None if built is None else built.rms_norm
+        for layer in self.typed_layers:
+            layer.native_norm = self._native_norm
 
     def prepack(self) -> None:
         """Lay the dense weights out for the CPU's matrix library (``weights.can_prepack``): layers for
@@ -220,12 +224,12 @@ class Decoder(nn.Module):
         segments = tuple((chunk.slot, chunk.start, chunk.end) for chunk in plan.chunks)
         kernel = self._kernel_rows(plan, rows, np.minimum(limits, length - 1))
         hidden = self.forward(tokens_, positions_, slots_, (rows, length, mask), segments, kernel)
-        return self._output(rms_norm(hidden[wanted], self.norm, self.eps), decoding=len(plan.feeds))
+        return self._output(norm(hidden[wanted], self.norm, self.eps, self._native_norm), decoding=len(plan.feeds))
 
     def logits(self, tokens: Tensor, positions: Tensor, slots: Tensor, mask: Tensor) -> Tensor:
         """A decoding-only step's logits of every row (the step that is compiled)."""
         hidden = self.forward(tokens, positions, slots, (mask.shape[0], mask.shape[-1], mask), ())
-        return self._output(rms_norm(hidden, self.norm, self.eps), decoding=0)
+        return self._output(norm(hidden, self.norm, self.eps, self._native_norm), decoding=0)
 
     def _output(self, hidden: Tensor, decoding: int) -> Tensor:
         """Logits of the normed hidden states (``decoding``: how many of the first rows are decoding

@@ -13,6 +13,8 @@
    The inputs are quantised to 8 bits per 32 (int8_quantize, as llama.cpp does), so that AVX512-VNNI
    multiplies the codes as integers.
 
+   rms_norm_f32: the RMS norm of float32 rows (the decoder's residual stream).
+
    Single-threaded: one call at a time per model thread. */
 
 #include <math.h>
@@ -446,6 +448,19 @@ typedef void (*head_fn_f32)(const float *, const float *, const float *, int64_t
 
 DEFINE_ATTEND(bf16, uint16_t, from_bf16, to_bf16)
 DEFINE_ATTEND(f32, float, from_f32, to_f32)
+
+/* out [rows, n] = x * (1 / sqrt(mean(x^2) + eps)) * weight per row, all float32: torch's rms_norm of the
+   float32 residual, which on a CPU ran as seven operators, 17 us a call (61 calls a step). */
+int rms_norm_f32(const float *x, int64_t rows, int64_t n, const float *weight, float eps, float *out) {
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * n;
+        float sum = 0.0f;
+        for (int64_t i = 0; i < n; i++) sum += xr[i] * xr[i];
+        float inv = 1.0f / sqrtf(sum / (float)n + eps);
+        for (int64_t i = 0; i < n; i++) out[r * n + i] = xr[i] * inv * weight[i];
+    }
+    return 0;
+}
 
 #define GROUP 32
 

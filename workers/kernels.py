@@ -6,7 +6,8 @@ product on its 8-bit codes (``Kernels.int8_weights``; torch has no kernel for 8-
 ``weights.int8_groups`` runs its 4-bit one twice instead) and the layers' products on 4-bit groups
 (``Kernels.int4_weights``; torch's kernel takes bfloat16 inputs and converts every weight to
 float). Both products quantise their inputs to 8 bits per 32, as llama.cpp does, and multiply the
-codes as integers (AVX512-VNNI). All are single-threaded C.
+codes as integers (AVX512-VNNI). A fourth, the RMS norm of the float32 residual
+(``Kernels.rms_norm``), costs far more through torch than its arithmetic. All are single-threaded C.
 
 They are compiled with the system C compiler (``$CC``, else ``cc``) for this CPU (``-march=native``;
 ``-ffast-math`` for glibc's vectorised ``expf``), once per source, build recipe, compiler and CPU, into
@@ -44,6 +45,7 @@ _SIGNATURES: dict[str, list[type]] = {
     "int8_matmul": [_P, _I, _I, _P, _P, _I, _P],
     "int4_matmul": [_P, _I, _I, _P, _P, _P, _I, _P],
     "int8_vectorised": [],
+    "rms_norm_f32": [_P, _I, _I, _P, ctypes.c_float, _P],
 }
 
 
@@ -63,6 +65,18 @@ class Kernels:
     def products_run_here(self) -> bool:
         """Whether the products beat torch's here: vectorised, and torch on one thread."""
         return self.int8_vectorised and runs_here("int8")
+
+    def rms_norm(self, x: Tensor, weight: Tensor, eps: float) -> Tensor:
+        """``torch.nn.functional.rms_norm`` of float32 rows ``x`` ``[rows, n]`` (contiguous) with float32
+        ``weight`` ``[n]``: one call instead of torch's seven operators on a CPU."""
+        rows, n = x.shape
+        if x.dtype != torch.float32 or weight.dtype != torch.float32 or weight.shape != (n,) \
+                or not x.is_contiguous() or not weight.is_contiguous():
+            raise ValueError(f"rms_norm_f32 does not take rows {tuple(x.shape)} ({x.dtype}), weight "
+                             f"{tuple(weight.shape)} ({weight.dtype})")
+        out = torch.empty_like(x)
+        self.functions["rms_norm_f32"](x.data_ptr(), rows, n, weight.data_ptr(), eps, out.data_ptr())
+        return out
 
     def int8_weights(self, codes: Tensor, scales: Tensor) -> "GroupedWeights":
         """Weights ``codes * scales`` per group of 32 inputs (``codes`` ``[n, k]`` int8, ``scales`` ``[n, k /

@@ -78,6 +78,21 @@ def test_prompt_chunks_attend_as_blocks_as_torch_does(built: kernels.Kernels, dt
                                atol=tolerance)
 
 
+@pytest.mark.parametrize(("rows", "n"), [(1, 576), (5, 64), (3, 33)])
+def test_the_rms_norm_is_torchs(built: kernels.Kernels, rows: int, n: int) -> None:
+    generator = torch.Generator().manual_seed(n)
+    x, weight = torch.randn(rows, n, generator=generator) * 3, torch.randn(n, generator=generator)
+    got = built.rms_norm(x, weight, 1e-5)
+    expected = functional.rms_norm(x.double(), (n,), weight.double(), 1e-5)
+    torch.testing.assert_close(got.double(), expected, rtol=1e-6, atol=1e-6)
+    with pytest.raises(ValueError, match="does not take"):
+        built.rms_norm(x.bfloat16(), weight, 1e-5)
+    with pytest.raises(ValueError, match="does not take"):
+        built.rms_norm(x, weight[:-1], 1e-5)
+    with pytest.raises(ValueError, match="does not take"):
+        built.rms_norm(torch.randn(rows, 2 * n)[:, ::2], weight, 1e-5)  # rows apart
+
+
 def test_shapes_beyond_the_kernel_are_left_to_torch(built: kernels.Kernels) -> None:
     assert attention.decode_attention(built, attention.MAX_GROUP + 1, 64, 16) is None
     assert attention.decode_attention(built, 2, attention.MAX_DIM * 2, 16) is None

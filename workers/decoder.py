@@ -20,6 +20,7 @@ Triton kernels on a GPU, replayed there from CUDA graphs of batch-size buckets: 
 steps with prompt chunks run eagerly.
 """
 
+import functools
 import logging
 from typing import Any
 
@@ -98,11 +99,15 @@ class Decoder(nn.Module):
         cos, sin = _rope_tables(base.rotary_emb, positions, dtype, device)
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
+        # float32 tables for kernels.c's rotation (``use_kernels``; a CPU only, where they are used)
+        self._rope_f32 = None if device.type != "cpu" else (cos, sin) if dtype == torch.float32 \
+            else _rope_tables(base.rotary_emb, positions, torch.float32, device)
         self.register_buffer("columns", torch.arange(positions, device=device), persistent=False)
         self.compiled = compile
         self.attention: DecodeAttention | None = None  # a step's attention on a CPU (``use_kernels``)
         self._kernels: kernels.Kernels | None = None
         self._native_norm: NativeNorm | None = None  # kernels.c's RMS norm (``use_kernels``)
+        self._rope_store = False  # kernels.c rotates queries and keys and writes the cache (``use_kernels``)
         self._output_codes: tuple[Tensor, Tensor] | None = None  # the output layer's 8-bit codes and scales
         self._output_int8: kernels.GroupedWeights | None = None  # the same for kernels.c (``_int8_logits``)
         self.graphs = compile and device.type == "cuda"
@@ -129,6 +134,9 @@ class Decoder(nn.Module):
         self._native_norm = None if built is None else built.rms_norm
         for layer in self.typed_layers:
             layer.native_norm = self._native_norm
+        # the rotation and the cache writes in one call, for layers without norms of their own there
+        self._rope_store = built is not None and self._rope_f32 is not None and head_dim % 2 == 0 \
+            and all(layer.q_norm is None for layer in self.typed_layers)
 
     def prepack(self) -> None:
         """Lay the dense weights out for the CPU's matrix library (``weights.can_prepack``): layers for
@@ -223,7 +231,8 @@ class Decoder(nn.Module):
         mask = None if (limits >= length - 1).all() else self._mask(limits, length)
         segments = tuple((chunk.slot, chunk.start, chunk.end) for chunk in plan.chunks)
         kernel = self._kernel_rows(plan, rows, np.minimum(limits, length - 1))
-        hidden = self.forward(tokens_, positions_, slots_, (rows, length, mask), segments, kernel)
+        hidden = self.forward(tokens_, positions_, slots_, (rows, length, mask), segments, kernel,
+                              (positions, slots) if self._rope_store else None)
         return self._output(norm(hidden[wanted], self.norm, self.eps, self._native_norm), decoding=len(plan.feeds))
 
     def logits(self, tokens: Tensor, positions: Tensor, slots: Tensor, mask: Tensor) -> Tensor:
@@ -339,18 +348,29 @@ class Decoder(nn.Module):
         return torch.from_numpy(array).to(self.device, non_blocking=True)
 
     def forward(self, tokens: Tensor, positions: Tensor, slots: Tensor, decoding: Decoding,
-                segments: tuple[tuple[int, int, int], ...], kernel: KernelRows | None = None) -> Tensor:
+                segments: tuple[tuple[int, int, int], ...], kernel: KernelRows | None = None,
+                stored: KernelRows | None = None) -> Tensor:
         """Hidden states ``[N, hidden]`` (before the final norm) of a step's tokens: first one per
         decoding row (row b is slot b; ``decoding``: how many rows, how many columns they attend to
         and the mask of those, ``_mask``, or None for all), then the chunks (``segments``: slot,
-        start, end)."""
+        start, end). ``stored``: the rows' positions and slots, where ``kernels.c`` rotates and writes
+        the cache (``_rope_store``)."""
         x = functional.embedding(tokens, self.embed).float()
-        cos, sin = self.cos[positions][:, None, :], self.sin[positions][:, None, :]
+        store = None
+        if stored is not None and self._kernels is not None and self._rope_f32 is not None \
+                and not torch.compiler.is_compiling():
+            store = functools.partial(self._kernels.rope_store, heads=self.shape[0], tables=self._rope_f32,
+                                      rows=stored)
+        else:
+            cos, sin = self.cos[positions][:, None, :], self.sin[positions][:, None, :]
         for i, layer in enumerate(self.typed_layers):
             keys, values = self.cache.layer(i)
-            q, k, v = layer.project(x, self.shape, cos, sin, decoding[0])
-            keys[slots, :, positions] = k
-            values[slots, :, positions] = v
+            if store is not None:
+                q = layer.project_stored(x, decoding[0], functools.partial(store, keys=keys, values=values))
+            else:
+                q, k, v = layer.project(x, self.shape, cos, sin, decoding[0])
+                keys[slots, :, positions] = k
+                values[slots, :, positions] = v
             x = layer.finish(x, self._attend(q, keys, values, decoding, segments, kernel), decoding[0])
         return x
 

@@ -13,7 +13,8 @@
    The inputs are quantised to 8 bits per 32 (int8_quantize, as llama.cpp does), so that AVX512-VNNI
    multiplies the codes as integers.
 
-   rms_norm_f32: the RMS norm of float32 rows (the decoder's residual stream).
+   rms_norm_f32: the RMS norm of float32 rows (the decoder's residual stream); rope_store_*: the
+   rotation of a step's queries and keys and the writing of its keys and values into the cache.
 
    Single-threaded: one call at a time per model thread. */
 
@@ -448,6 +449,40 @@ typedef void (*head_fn_f32)(const float *, const float *, const float *, int64_t
 
 DEFINE_ATTEND(bf16, uint16_t, from_bf16, to_bf16)
 DEFINE_ATTEND(f32, float, from_f32, to_f32)
+
+/* A step's queries, keys and values after their product (qkv [rows, (heads + 2 kv) * d] float32):
+   queries and keys rotated as transformers does (x * cos + rotate_half(x) * sin at the row's
+   position; `sin` holds rotate_half's negation: its first half negated), the queries into q [rows,
+   heads, d], the keys and values into the cache [slot_count, kv, slot_positions, d] at the row's slot
+   and position, all in the cache's dtype: the eleven operators of the rotation and the cache writes
+   in one call, the rotation in float32 rounded once. Returns -1 for a position or slot outside the
+   cache (nothing of that row or later is written). */
+#define DEFINE_ROPE_STORE(SUFFIX, T, STORE)                                                            \
+    int rope_store_##SUFFIX(const float *qkv, int64_t rows, int64_t heads, int64_t kv, int64_t d,       \
+                            const float *cos, const float *sin, const int64_t *positions,                \
+                            const int64_t *slots, int64_t slot_count, int64_t slot_positions, T *keys,   \
+                            T *values, T *q) {                                                         \
+        int64_t half = d / 2, width = (heads + 2 * kv) * d;                                            \
+        for (int64_t r = 0; r < rows; r++) {                                                           \
+            int64_t p = positions[r], s = slots[r];                                                    \
+            if (p < 0 || p >= slot_positions || s < 0 || s >= slot_count) return -1;                  \
+            const float *x = qkv + r * width, *c = cos + p * d, *sn = sin + p * d;                     \
+            for (int64_t h = 0; h < heads + kv; h++) {                                                 \
+                const float *xh = x + h * d;                                                           \
+                T *o = h < heads ? q + (r * heads + h) * d : keys + ((s * kv + h - heads) * slot_positions + p) * d; \
+                for (int64_t i = 0; i < half; i++) o[i] = STORE(xh[i] * c[i] + xh[i + half] * sn[i]);   \
+                for (int64_t i = half; i < d; i++) o[i] = STORE(xh[i] * c[i] + xh[i - half] * sn[i]);   \
+            }                                                                                          \
+            for (int64_t h = 0; h < kv; h++) {                                                         \
+                const float *xh = x + (heads + kv + h) * d;                                            \
+                T *o = values + ((s * kv + h) * slot_positions + p) * d;                               \
+                for (int64_t i = 0; i < d; i++) o[i] = STORE(xh[i]);                                   \
+            }                                                                                          \
+        }                                                                                              \
+        return 0;                                                                                      \
+    }
+DEFINE_ROPE_STORE(bf16, uint16_t, to_bf16)
+DEFINE_ROPE_STORE(f32, float, to_f32)
 
 /* out [rows, n] = x * (1 / sqrt(mean(x^2) + eps)) * weight per row, all float32: torch's rms_norm of the
    float32 residual, which on a CPU ran as seven operators, 17 us a call (61 calls a step). */

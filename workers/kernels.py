@@ -6,8 +6,9 @@ product on its 8-bit codes (``Kernels.int8_weights``; torch has no kernel for 8-
 ``weights.int8_groups`` runs its 4-bit one twice instead) and the layers' products on 4-bit groups
 (``Kernels.int4_weights``; torch's kernel takes bfloat16 inputs and converts every weight to
 float). Both products quantise their inputs to 8 bits per 32, as llama.cpp does, and multiply the
-codes as integers (AVX512-VNNI). A fourth, the RMS norm of the float32 residual
-(``Kernels.rms_norm``), costs far more through torch than its arithmetic. All are single-threaded C.
+codes as integers (AVX512-VNNI). Two more cost far more through torch than their arithmetic: the RMS
+norm of the float32 residual (``Kernels.rms_norm``) and the rotation of queries and keys with the
+cache writes (``Kernels.rope_store``). All are single-threaded C.
 
 They are compiled with the system C compiler (``$CC``, else ``cc``) for this CPU (``-march=native``;
 ``-ffast-math`` for glibc's vectorised ``expf``), once per source, build recipe, compiler and CPU, into
@@ -24,6 +25,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -46,7 +48,10 @@ _SIGNATURES: dict[str, list[type]] = {
     "int4_matmul": [_P, _I, _I, _P, _P, _P, _I, _P],
     "int8_vectorised": [],
     "rms_norm_f32": [_P, _I, _I, _P, ctypes.c_float, _P],
+    "rope_store_bf16": [_P, _I, _I, _I, _I, _P, _P, _P, _P, _I, _I, _P, _P, _P],
+    "rope_store_f32": [_P, _I, _I, _I, _I, _P, _P, _P, _P, _I, _I, _P, _P, _P],
 }
+_ROPE_STORE = {torch.bfloat16: "rope_store_bf16", torch.float32: "rope_store_f32"}
 
 
 class Kernels:
@@ -77,6 +82,32 @@ class Kernels:
         out = torch.empty_like(x)
         self.functions["rms_norm_f32"](x.data_ptr(), rows, n, weight.data_ptr(), eps, out.data_ptr())
         return out
+
+    def rope_store(self, qkv: Tensor, heads: int, tables: tuple[Tensor, Tensor], rows: tuple[np.ndarray, np.ndarray],
+                   keys: Tensor, values: Tensor) -> Tensor:
+        """The queries of a step's rows ``[N, heads, head_dim]`` in the cache's dtype, rotated, and
+        their keys (rotated) and values written into ``keys``/``values`` ``[slots, kv_heads,
+        positions, head_dim]`` at each row's slot and position (``rows``: positions, slots, int64):
+        ``layers.rotate`` and the cache writes in one call. ``qkv`` float32 ``[N, (heads + 2 kv_heads)
+        * head_dim]`` (the fused product), ``tables`` float32 cosines and signed sines ``[positions,
+        head_dim]`` (``decoder._rope_tables``)."""
+        count, kv, slot_positions, d = keys.shape
+        (cos, sin), (positions, slots) = tables, rows
+        name = _ROPE_STORE.get(keys.dtype)
+        if name is None or qkv.dtype != torch.float32 or not qkv.is_contiguous() or d % 2 \
+                or qkv.shape[1:] != ((heads + 2 * kv) * d,) or values.shape != keys.shape \
+                or values.dtype != keys.dtype or not keys.is_contiguous() or not values.is_contiguous() \
+                or cos.dtype != torch.float32 or sin.dtype != torch.float32 or cos.shape != sin.shape \
+                or cos.shape[1:] != (d,) or cos.shape[0] < slot_positions or not cos.is_contiguous() \
+                or not sin.is_contiguous() or positions.shape != (qkv.shape[0],) or slots.shape != positions.shape \
+                or positions.dtype != np.int64 or slots.dtype != np.int64:
+            raise ValueError(f"rope_store does not take qkv {tuple(qkv.shape)} for keys {tuple(keys.shape)}")
+        q = torch.empty((qkv.shape[0], heads, d), dtype=keys.dtype)
+        if self.functions[name](qkv.data_ptr(), qkv.shape[0], heads, kv, d, cos.data_ptr(), sin.data_ptr(),
+                                positions.ctypes.data, slots.ctypes.data, count, slot_positions, keys.data_ptr(),
+                                values.data_ptr(), q.data_ptr()) != 0:
+            raise ValueError(f"rope_store: a position or slot outside keys {tuple(keys.shape)}")
+        return q
 
     def int8_weights(self, codes: Tensor, scales: Tensor) -> "GroupedWeights":
         """Weights ``codes * scales`` per group of 32 inputs (``codes`` ``[n, k]`` int8, ``scales`` ``[n, k /

@@ -88,6 +88,12 @@ class Layer(nn.Module):
         q, k = torch.split(rotate(qk, cos, sin), [heads, kv_heads], dim=1)  # queries and keys turn as one
         return q, k, v
 
+    def project_stored(self, x: Tensor, decoding: int, store: Callable[[Tensor], Tensor]) -> Tensor:
+        """``project`` with the rotation and the cache writes in ``store`` (``kernels.Kernels.rope_store``,
+        which takes the float32 product): the queries, in the cache's dtype."""
+        qkv = self.qkv(norm(x, self.input_norm, self.eps, self.native_norm), decoding, cast=False)
+        return store(qkv.float().contiguous())
+
     def finish(self, x: Tensor, attended: Tensor, decoding: int) -> Tensor:
         """Output projection, residual, MLP, residual (the residual stream in float32)."""
         h = x + self.o(attended, decoding, cast=False)  # the sum in float32 whatever the product's dtype

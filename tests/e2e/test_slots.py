@@ -85,6 +85,7 @@ def test_the_slot_decoder_matches_transformers(kind: str, kernel: bool,
         decoder.use_kernels(kernels.load(tmp_path_factory.getbasetemp() / "kernels"))
         assert decoder.attention is not None
         assert all(layer.native_norm is not None for layer in decoder.typed_layers)
+        assert decoder._rope_store == (kind != "qwen3")  # qwen3 norms its queries and keys before turning them
     with one_thread() if kernel else contextlib.nullcontext():  # where the kernel runs, whatever the cores
         with torch.inference_mode():
             logits = decoder.run(StepPlan(chunks=[Chunk(0, 0, prompt, True)]))[0]
@@ -423,10 +424,12 @@ def dense_reference(model: Any, prompt: list[int]) -> tuple[list[int], torch.Ten
     return tokens, forced_logits(dense, prompt, tokens)
 
 
-def torch_attention_and_norms(decoder: Decoder) -> None:
-    """Attention and RMS norms back on torch's operators, the kernels.c products kept (their float32
-    rounding alone moves logits by 1e-4, more than the output layer's comparisons allow)."""
+def torch_but_the_products(decoder: Decoder) -> None:
+    """Attention, RMS norms and the rotation back on torch's operators, the kernels.c products kept
+    (the others' float32 rounding alone moves logits by 1e-4, more than the products' comparisons
+    allow)."""
     decoder.attention = decoder._native_norm = None
+    decoder._rope_store = False
     for layer in decoder.typed_layers:
         layer.native_norm = None
 
@@ -445,7 +448,7 @@ def test_on_one_thread_the_8_bit_output_layer_runs_through_kernels_c(tmp_path: P
     through_c = Decoder(model, slots=2, positions=256)
     through_c.pack_int4(exact, rows=4, lossless_only=True)
     through_c.use_kernels(built)
-    torch_attention_and_norms(through_c)  # the output layer alone differs from the dense decoder
+    torch_but_the_products(through_c)  # the output layer alone differs from the dense decoder
     calls = []
     weights_of = built.int8_weights
 
@@ -478,7 +481,7 @@ def test_on_one_thread_the_4_bit_layers_run_through_kernels_c(tmp_path: Path) ->
         assert through_torch.pack_int4(exact, rows=4, lossless_only=True)
         through_c = Decoder(model, slots=2, positions=256)
         through_c.use_kernels(built)  # before packing: it packs the kernels' copy too
-        torch_attention_and_norms(through_c)  # the products alone differ
+        torch_but_the_products(through_c)  # the products alone differ
         assert through_c.pack_int4(exact, rows=4, lossless_only=True)
         assert all(layer.qkv.native is not None and layer.down.native is not None for layer in through_c.typed_layers)
         assert through_torch.typed_layers[0].qkv.native is None

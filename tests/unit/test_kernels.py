@@ -9,6 +9,7 @@ import torch
 from torch.nn import functional
 
 from workers import attention, kernels
+from workers.layers import rotate
 from workers.weights import int4_native, int8_codes
 
 
@@ -91,6 +92,36 @@ def test_the_rms_norm_is_torchs(built: kernels.Kernels, rows: int, n: int) -> No
         built.rms_norm(x, weight[:-1], 1e-5)
     with pytest.raises(ValueError, match="does not take"):
         built.rms_norm(torch.randn(rows, 2 * n)[:, ::2], weight, 1e-5)  # rows apart
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rope_store_rotates_and_writes_the_cache_as_torch_does(built: kernels.Kernels, dtype: torch.dtype) -> None:
+    """``layers.rotate`` and the decoder's cache writes (``keys[slots, :, positions] = k``), against
+    torch: two decoding rows and a chunk of three tokens of slot 2."""
+    heads, kv, d, positions = 6, 2, 32, 40
+    generator = torch.Generator().manual_seed(d)
+    qkv = torch.randn(5, (heads + 2 * kv) * d, generator=generator)
+    angles = torch.rand(positions, d // 2, generator=generator) * 6
+    cos, sin = torch.cat((angles.cos(), angles.cos()), -1), torch.cat((-angles.sin(), angles.sin()), -1)
+    rows = np.asarray([7, 39, 0, 1, 2]), np.asarray([0, 1, 2, 2, 2])
+    keys, values = torch.zeros(3, kv, positions, d, dtype=dtype), torch.zeros(3, kv, positions, d, dtype=dtype)
+    q = built.rope_store(qkv, heads, (cos, sin), rows, keys, values)
+    at = torch.from_numpy(rows[0])
+    turned = rotate(qkv[:, :(heads + kv) * d].unflatten(-1, (heads + kv, d)), cos[at][:, None], sin[at][:, None])
+    expected_keys, expected_values = torch.zeros_like(keys), torch.zeros_like(values)
+    expected_keys[rows[1], :, rows[0]] = turned[:, heads:].to(dtype)
+    expected_values[rows[1], :, rows[0]] = qkv[:, (heads + kv) * d:].unflatten(-1, (kv, d)).to(dtype)
+    tolerance = 1e-6 if dtype == torch.float32 else 1e-2  # bfloat16: rounded once, from float32
+    assert q.dtype == dtype and q.shape == (5, heads, d)
+    torch.testing.assert_close(q.float(), turned[:, :heads], rtol=tolerance, atol=tolerance)
+    torch.testing.assert_close(keys.float(), expected_keys.float(), rtol=tolerance, atol=tolerance)
+    assert torch.equal(values, expected_values)
+    with pytest.raises(ValueError, match="outside"):
+        built.rope_store(qkv, heads, (cos, sin), (np.asarray([7, 40, 0, 1, 2]), rows[1]), keys, values)
+    with pytest.raises(ValueError, match="does not take"):
+        built.rope_store(qkv.bfloat16(), heads, (cos, sin), rows, keys, values)
+    with pytest.raises(ValueError, match="does not take"):
+        built.rope_store(qkv, heads + 1, (cos, sin), rows, keys, values)
 
 
 def test_shapes_beyond_the_kernel_are_left_to_torch(built: kernels.Kernels) -> None:

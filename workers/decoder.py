@@ -12,8 +12,9 @@ slot, never a gathered copy. Rows ``0..B-1`` all run; a row whose slot holds no 
 sequence uses (a sequence ends when its context fills the window, before the token at that
 position is fed back), and whose output is dropped.
 
-On a CPU, a step's attention and its decoding products run through ``workers/kernels.c`` where it was
-built for the host (``use_kernels``: ``workers.kernels``, ``workers.attention``).
+On a CPU, a step's attention, its RMS norms, the rotation of queries and keys with the cache writes
+and its decoding products run through ``workers/kernels.c`` where it was built for the host
+(``use_kernels``: ``workers.kernels``, ``workers.attention``).
 
 With ``compile`` the decoding-only step is compiled (``torch.compile``: C++ kernels on a CPU,
 Triton kernels on a GPU, replayed there from CUDA graphs of batch-size buckets: ``cudagraphs``);
@@ -22,6 +23,7 @@ steps with prompt chunks run eagerly.
 
 import functools
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -107,7 +109,8 @@ class Decoder(nn.Module):
         self.attention: DecodeAttention | None = None  # a step's attention on a CPU (``use_kernels``)
         self._kernels: kernels.Kernels | None = None
         self._native_norm: NativeNorm | None = None  # kernels.c's RMS norm (``use_kernels``)
-        self._rope_store = False  # kernels.c rotates queries and keys and writes the cache (``use_kernels``)
+        # kernels.c's rotation of queries and keys with the cache writes, bound to this model (``use_kernels``)
+        self._rope_store: Callable[..., Tensor] | None = None
         self._output_codes: tuple[Tensor, Tensor] | None = None  # the output layer's 8-bit codes and scales
         self._output_int8: kernels.GroupedWeights | None = None  # the same for kernels.c (``_int8_logits``)
         self.graphs = compile and device.type == "cuda"
@@ -125,18 +128,21 @@ class Decoder(nn.Module):
 
     def use_kernels(self, built: kernels.Kernels | None) -> None:
         """Run a step's attention (``workers.attention``), its RMS norms of float32 rows
-        (``layers.norm``), the output layer's 8-bit product (``_int8_logits``) and, where ``pack_int4``
-        packs after this, the layers' 4-bit products (``weights.Linear.use_native``) through ``built``
-        where they apply; eager steps only (a compiled step keeps torch's). None: torch alone."""
+        (``layers.norm``), the rotation of queries and keys with the cache writes (``Kernels.rope_store``;
+        not for models that norm queries and keys before turning them), the output layer's 8-bit product
+        (``_int8_logits``) and, where ``pack_int4`` packs after this, the layers' 4-bit products
+        (``weights.Linear.use_native``) through ``built`` where they apply; eager steps only (a compiled
+        step keeps torch's). None: torch alone."""
         _, _, head_dim = self.shape
         self._kernels = built
         self.attention = decode_attention(built, self.group, head_dim, self.cache.positions)
         self._native_norm = None if built is None else built.rms_norm
         for layer in self.typed_layers:
             layer.native_norm = self._native_norm
-        # the rotation and the cache writes in one call, for layers without norms of their own there
-        self._rope_store = built is not None and self._rope_f32 is not None and head_dim % 2 == 0 \
-            and all(layer.q_norm is None for layer in self.typed_layers)
+        self._rope_store = None
+        if built is not None and self._rope_f32 is not None and head_dim % 2 == 0 \
+                and all(layer.q_norm is None for layer in self.typed_layers):
+            self._rope_store = functools.partial(built.rope_store, heads=self.shape[0], tables=self._rope_f32)
 
     def prepack(self) -> None:
         """Lay the dense weights out for the CPU's matrix library (``weights.can_prepack``): layers for
@@ -232,7 +238,7 @@ class Decoder(nn.Module):
         segments = tuple((chunk.slot, chunk.start, chunk.end) for chunk in plan.chunks)
         kernel = self._kernel_rows(plan, rows, np.minimum(limits, length - 1))
         hidden = self.forward(tokens_, positions_, slots_, (rows, length, mask), segments, kernel,
-                              (positions, slots) if self._rope_store else None)
+                              (positions, slots) if self._rope_store is not None else None)
         return self._output(norm(hidden[wanted], self.norm, self.eps, self._native_norm), decoding=len(plan.feeds))
 
     def logits(self, tokens: Tensor, positions: Tensor, slots: Tensor, mask: Tensor) -> Tensor:
@@ -357,10 +363,8 @@ class Decoder(nn.Module):
         the cache (``_rope_store``)."""
         x = functional.embedding(tokens, self.embed).float()
         store = None
-        if stored is not None and self._kernels is not None and self._rope_f32 is not None \
-                and not torch.compiler.is_compiling():
-            store = functools.partial(self._kernels.rope_store, heads=self.shape[0], tables=self._rope_f32,
-                                      rows=stored)
+        if stored is not None and self._rope_store is not None and not torch.compiler.is_compiling():
+            store = functools.partial(self._rope_store, rows=stored)
         else:
             cos, sin = self.cos[positions][:, None, :], self.sin[positions][:, None, :]
         for i, layer in enumerate(self.typed_layers):

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+import numpy as np
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
@@ -85,7 +86,9 @@ def test_the_slot_decoder_matches_transformers(kind: str, kernel: bool,
         decoder.use_kernels(kernels.load(tmp_path_factory.getbasetemp() / "kernels"))
         assert decoder.attention is not None
         assert all(layer.native_norm is not None for layer in decoder.typed_layers)
-        assert decoder._rope_store == (kind != "qwen3")  # qwen3 norms its queries and keys before turning them
+        assert (decoder._rope_store is not None) == (kind != "qwen3")  # qwen3 norms queries and keys first
+        alone = decoder._kernel_rows(StepPlan(chunks=[Chunk(0, 0, prompt, True)]), 0, np.empty(0, dtype=np.int64))
+        assert alone is not None and len(alone[0]) == len(prompt)  # a 33-token prompt alone: all through kernels.c
     with one_thread() if kernel else contextlib.nullcontext():  # where the kernel runs, whatever the cores
         with torch.inference_mode():
             logits = decoder.run(StepPlan(chunks=[Chunk(0, 0, prompt, True)]))[0]
@@ -429,7 +432,7 @@ def torch_but_the_products(decoder: Decoder) -> None:
     (the others' float32 rounding alone moves logits by 1e-4, more than the products' comparisons
     allow)."""
     decoder.attention = decoder._native_norm = None
-    decoder._rope_store = False
+    decoder._rope_store = None
     for layer in decoder.typed_layers:
         layer.native_norm = None
 

@@ -253,6 +253,8 @@ class Decoder(nn.Module):
         close; so the ``REFINED`` highest logits of each row are computed again on the dense weights:
         the greedy choice is the dense model's unless more than that many tokens are within the
         rounding (about 2**-8 of the logits) of the best."""
+        if not hidden.shape[0]:  # a step of prompt chunks none of which ends its prompt
+            return hidden.new_empty((0, self.vocab), dtype=torch.float32)
         logits = self._int8_logits(hidden)
         if logits is None:
             product: Tensor = self.lm_head(hidden, decoding)

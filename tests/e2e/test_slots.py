@@ -391,6 +391,12 @@ def test_an_output_layer_in_8_bits_runs_on_8_bit_groups() -> None:
     assert torch.equal(refined_bf16._exact_rows(rows), exact["lm_head.weight"][rows])
     assert not torch.equal(refined_bf16.lm_head.weight[rows].float(), exact["lm_head.weight"][rows])
     assert forced_logits(refined_bf16, prompt, tokens).dtype == torch.float32
+    # a step of a prompt's first chunk alone (a long prompt while nobody decodes) wants no logits
+    with torch.inference_mode():
+        assert refined_bf16.run(StepPlan(chunks=[Chunk(0, 0, prompt[:8], False)])).shape == (0, refined_bf16.vocab)
+        split = refined_bf16.run(StepPlan(chunks=[Chunk(0, 8, prompt[8:], True)]))
+        whole = refined_bf16.run(StepPlan(chunks=[Chunk(1, 0, prompt, True)]))
+    torch.testing.assert_close(split, whole, rtol=0, atol=2e-2)
     # off the grid: dense with lossless_only, 8-bit groups otherwise
     other = {name: w.detach().float() for name, w in random_model(CONFIGS["llama"]).named_parameters()}
     auto = Decoder(random_model(CONFIGS["llama"]), slots=2, positions=256)

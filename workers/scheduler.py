@@ -203,17 +203,18 @@ class Scheduler:
 
     def _reuse_prefix(self, run: _Running) -> None:
         """Start ``run`` after the longest prefix of its context that a slot holds (copied into its
-        own slot from another one), having moved what its slot held and it does not reuse aside."""
+        own slot from another one), having moved what its slot held aside where the run overwrites
+        enough of it (``Prefixes.spare``)."""
         prefixes = self._prefixes
         if prefixes is None:
             return
         slot = run.slot
         reuse = prefixes.best(slot, run.seq.prefix_scope, run.context)
-        if reuse is None or reuse.source != slot or reuse.length < prefixes.length(slot):
-            spare = prefixes.spare(slot, (free for free in self._free if reuse is None or free != reuse.source))
-            if spare is not None:
-                self.model.copy_prefix(slot, spare, prefixes.length(slot))
-                prefixes.move(slot, spare)
+        kept = reuse.length if reuse is not None and reuse.source == slot else 0
+        spare = prefixes.spare(slot, (free for free in self._free if reuse is None or free != reuse.source), kept)
+        if spare is not None:
+            self.model.copy_prefix(slot, spare, prefixes.length(slot))
+            prefixes.move(slot, spare)
         prefixes.forget(slot)
         if reuse is None:
             return

@@ -205,6 +205,40 @@ async def test_a_context_starts_after_the_prefix_a_slot_holds(tiny: loader.Loade
         assert tokens_of(seq) == alone(tiny, seq.prompt_ids, seq.max_new_tokens)
 
 
+async def test_a_prompt_sent_again_starts_in_its_own_slot_without_a_copy(tiny: loader.LoadedModel) -> None:
+    """Its slot's prefix is not copied aside to keep the few tokens the new sequence overwrites (a
+    copy of a long prompt's keys and values stalled every running stream); a sequence that would
+    overwrite more of it still moves it aside."""
+    prompt = list(range(100, 140))
+    engine = Engine(tiny)
+    copies: list[tuple[int, int, int]] = []
+    copy_prefix = engine.model.copy_prefix
+
+    def counted(source: int, target: int, length: int) -> None:
+        copies.append((source, target, length))
+        copy_prefix(source, target, length)
+
+    engine.model.copy_prefix = counted  # type: ignore[method-assign]
+    runner = asyncio.create_task(engine.run())
+    seqs = []
+    try:
+        for context in (prompt, prompt, prompt[:20] + list(range(600, 630))):
+            sink = Collector()
+            seqs.append(seq := Generation(context, 12, RowSampler(SamplingParams()), [], sink))
+            engine.submit(seq)
+            await asyncio.wait_for(sink.done.wait(), 60)
+            if len(seqs) == 2:
+                assert copies == []
+    finally:
+        runner.cancel()
+        engine.close()
+    assert [seq.cached_tokens for seq in seqs] == [0, len(prompt) - 1, 20]
+    # slot 0 held the prompt and the 11 tokens fed back (not the last): 31 of them would be lost
+    assert [(source, length) for source, _, length in copies] == [(0, len(prompt) + 11)]
+    for seq in seqs:
+        assert tokens_of(seq) == alone(tiny, seq.prompt_ids, seq.max_new_tokens)
+
+
 async def test_a_joining_context_copies_the_prefix_of_a_running_one(tiny: loader.LoadedModel) -> None:
     shared = list(range(300, 340))
     engine = Engine(tiny)

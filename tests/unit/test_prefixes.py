@@ -46,3 +46,11 @@ def test_a_displaced_prefix_goes_to_an_empty_slot_else_over_the_least_recently_u
     assert prefixes.spare(1, [0, 2, 3]) is None  # every other prefix was used more recently
     prefixes.keep(2, "a", [1, 2])
     assert prefixes.spare(2, [0, 1, 3]) is None  # too short to be worth a copy
+
+
+def test_a_prefix_reused_in_its_own_slot_is_moved_aside_only_for_what_would_be_lost() -> None:
+    prefixes = Prefixes(3)
+    prefixes.keep(0, "a", [*SYSTEM, *range(MIN_COPIED)])
+    # the new sequence keeps all but MIN_COPIED - 1 of its tokens in place: computing those is cheaper
+    assert prefixes.spare(0, [1, 2], kept=len(SYSTEM) + 1) is None
+    assert prefixes.spare(0, [1, 2], kept=len(SYSTEM)) == 2

@@ -128,17 +128,19 @@ class Decoder(nn.Module):
 
     def use_kernels(self, built: kernels.Kernels | None) -> None:
         """Run a step's attention (``workers.attention``), its RMS norms of float32 rows
-        (``layers.norm``), the rotation of queries and keys with the cache writes (``Kernels.rope_store``;
-        not for models that norm queries and keys before turning them), the output layer's 8-bit product
-        (``_int8_logits``) and, where ``pack_int4`` packs after this, the layers' 4-bit products
-        (``weights.Linear.use_native``) through ``built`` where they apply; eager steps only (a compiled
-        step keeps torch's). None: torch alone."""
+        (``layers.norm``), the MLP's activation of float32 products (``Layer._activated``), the rotation
+        of queries and keys with the cache writes (``Kernels.rope_store``; not for models that norm
+        queries and keys before turning them), the output layer's 8-bit product (``_int8_logits``) and,
+        where ``pack_int4`` packs after this, the layers' 4-bit products (``weights.Linear.use_native``)
+        through ``built`` where they apply; eager steps only (a compiled step keeps torch's). None:
+        torch alone."""
         _, _, head_dim = self.shape
         self._kernels = built
         self.attention = decode_attention(built, self.group, head_dim, self.cache.positions)
         self._native_norm = None if built is None else built.rms_norm
         for layer in self.typed_layers:
             layer.native_norm = self._native_norm
+            layer.native_activation = None if built is None else built.silu_mul
         self._rope_store = None
         if built is not None and self._rope_f32 is not None and head_dim % 2 == 0 \
                 and all(layer.q_norm is None for layer in self.typed_layers):

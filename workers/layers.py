@@ -22,6 +22,7 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
 
 
 NativeNorm = Callable[[Tensor, Tensor, float], Tensor]  # ``kernels.Kernels.rms_norm``
+NativeActivation = Callable[[Tensor], Tensor]  # ``kernels.Kernels.silu_mul``
 
 
 def norm(x: Tensor, weight: Tensor, eps: float, native: NativeNorm | None) -> Tensor:
@@ -71,7 +72,9 @@ class Layer(nn.Module):
         self.k_norm = None if k_norm is None else frozen(k_norm.weight)
         self.gate_up = _fused(mlp.gate_proj, mlp.up_proj)
         self.down = Linear(mlp.down_proj.weight)
-        self.native_norm: NativeNorm | None = None  # kernels.c's, where the decoder uses them
+        # kernels.c's, where the decoder uses them
+        self.native_norm: NativeNorm | None = None
+        self.native_activation: NativeActivation | None = None
 
     def project(self, x: Tensor, shape: tuple[int, int, int], cos: Tensor, sin: Tensor,
                 decoding: int) -> tuple[Tensor, Tensor, Tensor]:
@@ -97,6 +100,21 @@ class Layer(nn.Module):
     def finish(self, x: Tensor, attended: Tensor, decoding: int) -> Tensor:
         """Output projection, residual, MLP, residual (the residual stream in float32)."""
         h = x + self.o(attended, decoding, cast=False)  # the sum in float32 whatever the product's dtype
-        gate, up = self.gate_up(norm(h, self.post_norm, self.eps, self.native_norm), decoding).chunk(2, dim=-1)
-        out: Tensor = h + self.down(functional.silu(gate) * up, decoding, cast=False)
+        activated = self._activated(norm(h, self.post_norm, self.eps, self.native_norm), decoding)
+        out: Tensor = h + self.down(activated, decoding, cast=False)
         return out
+
+    def _activated(self, x: Tensor, decoding: int) -> Tensor:
+        """``silu(gate) * up`` of the fused product: through ``native_activation`` (``kernels.c``, in
+        float32) where the product is float32 rows (the 4-bit kernel's, or a float32 model's), else
+        torch's in the weights' dtype."""
+        if self.native_activation is None or torch.compiler.is_compiling():
+            product = self.gate_up(x, decoding)
+        else:
+            product = self.gate_up(x, decoding, cast=False)
+            if product.dtype == torch.float32 and product.dim() == 2 and product.is_contiguous():
+                return self.native_activation(product)
+            product = product.to(self.gate_up.weight.dtype)
+        gate, up = product.chunk(2, dim=-1)
+        activated: Tensor = functional.silu(gate) * up
+        return activated

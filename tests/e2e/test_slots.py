@@ -89,6 +89,11 @@ def test_the_slot_decoder_matches_transformers(kind: str, kernel: bool,
         assert (decoder._rope_store is not None) == (kind != "qwen3")  # qwen3 norms queries and keys first
         alone = decoder._kernel_rows(StepPlan(chunks=[Chunk(0, 0, prompt, True)]), 0, np.empty(0, dtype=np.int64))
         assert alone is not None and len(alone[0]) == len(prompt)  # a 33-token prompt alone: all through kernels.c
+        for layer in decoder.typed_layers:  # float32 products: the MLP's activation through kernels.c
+            native = layer.native_activation
+            assert native is not None
+            layer.native_activation = lambda x, native=native: activated.append(x.shape[0]) or native(x)
+    activated: list[int] = []
     with one_thread() if kernel else contextlib.nullcontext():  # where the kernel runs, whatever the cores
         with torch.inference_mode():
             logits = decoder.run(StepPlan(chunks=[Chunk(0, 0, prompt, True)]))[0]
@@ -96,6 +101,7 @@ def test_the_slot_decoder_matches_transformers(kind: str, kernel: bool,
         torch.testing.assert_close(logits, expected, rtol=1e-4, atol=1e-4)
         assert decode_greedy(decoder, prompt, 20) == reference
         assert decode_greedy(decoder, prompt, 20, slot=2, chunk=5) == reference  # the prompt in chunks
+    assert bool(activated) == kernel
     assert generate(model, prompt, 20) == reference  # the model works on with the fused weights' views
 
 

@@ -94,6 +94,25 @@ def test_the_rms_norm_is_torchs(built: kernels.Kernels, rows: int, n: int) -> No
         built.rms_norm(torch.randn(rows, 2 * n)[:, ::2], weight, 1e-5)  # rows apart
 
 
+def test_silu_mul_is_torchs(built: kernels.Kernels) -> None:
+    """The MLP's activation of a fused product ``[rows, 2 n]`` (gate, then up), gates far below and
+    above zero included."""
+    generator = torch.Generator().manual_seed(5)
+    x = torch.randn(3, 2 * 100, generator=generator) * 4
+    x[0, :4] = torch.tensor([-200.0, -90.0, 90.0, 200.0])
+    gate, up = x.double().chunk(2, dim=-1)
+    expected = functional.silu(gate) * up
+    got = built.silu_mul(x)
+    assert got.dtype == torch.float32 and got.shape == (3, 100) and torch.isfinite(got).all()
+    torch.testing.assert_close(got.double(), expected, rtol=1e-6, atol=1e-6)
+    with pytest.raises(ValueError, match="does not take"):
+        built.silu_mul(x.bfloat16())
+    with pytest.raises(ValueError, match="does not take"):
+        built.silu_mul(x[:, :-1])  # no even split
+    with pytest.raises(ValueError, match="does not take"):
+        built.silu_mul(torch.randn(3, 400)[:, ::2])  # rows apart
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_rope_store_rotates_and_writes_the_cache_as_torch_does(built: kernels.Kernels, dtype: torch.dtype) -> None:
     """``layers.rotate`` and the decoder's cache writes (``keys[slots, :, positions] = k``), against

@@ -486,6 +486,54 @@ DEFINE_ATTEND(f32, float, from_f32, to_f32)
 DEFINE_ROPE_STORE(bf16, uint16_t, to_bf16)
 DEFINE_ROPE_STORE(f32, float, to_f32)
 
+#define MAX_TOP 64
+
+/* The k largest of a row from position `from` on into vals/idx (k slots, holding the row's first k
+   on entry): each element above the smallest kept replaces it. After the first few thousand of a
+   row of logits, almost none is, so with AVX512 16 elements are compared at once. */
+static void top_k_scan(const float *row, int64_t from, int64_t n, int64_t k, float *vals, int64_t *idx) {
+    int64_t low = 0;
+    for (int64_t j = 1; j < k; j++) low = vals[j] < vals[low] ? j : low;
+    int64_t i = from;
+#if defined(__AVX512F__)
+    for (; i + 16 <= n; i += 16) {
+        __mmask16 above = _mm512_cmp_ps_mask(_mm512_loadu_ps(row + i), _mm512_set1_ps(vals[low]), _CMP_GT_OQ);
+        while (above) {
+            int lane = __builtin_ctz(above);
+            above &= above - 1;
+            if (row[i + lane] <= vals[low]) continue; /* the threshold rose within this block */
+            vals[low] = row[i + lane];
+            idx[low] = i + lane;
+            for (int64_t j = 0; j < k; j++) low = vals[j] < vals[low] ? j : low;
+        }
+    }
+#endif
+    for (; i < n; i++) {
+        if (!(row[i] > vals[low])) continue;
+        vals[low] = row[i];
+        idx[low] = i;
+        for (int64_t j = 0; j < k; j++) low = vals[j] < vals[low] ? j : low;
+    }
+}
+
+/* indices [rows, k]: where the k largest of each float32 row x [rows, n] are, in no order (of equal
+   ones, any; a row with NaN: any k). torch's topk took 200-230 us a row of SmolLM2's 49,152
+   logits on one thread. Returns -1 for a k it does not take (k < 1, k > n or k > MAX_TOP). */
+int top_k_f32(const float *x, int64_t rows, int64_t n, int64_t k, int64_t *indices) {
+    if (k < 1 || k > n || k > MAX_TOP) return -1;
+    for (int64_t r = 0; r < rows; r++) {
+        const float *row = x + r * n;
+        float vals[MAX_TOP];
+        int64_t *idx = indices + r * k;
+        for (int64_t j = 0; j < k; j++) {
+            vals[j] = row[j];
+            idx[j] = j;
+        }
+        top_k_scan(row, k, n, k, vals, idx);
+    }
+    return 0;
+}
+
 /* out [rows, n] = silu(gate) * up for float32 rows x [rows, 2 n] (gate: a row's first n, up: the
    rest), in float32: the MLP's activation of the fused product, which torch ran as a cast, a split
    and two operators (and the next product's cast back to float32). exp's argument is kept below

@@ -37,6 +37,7 @@ logger = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("kernels.c")
 # they run one thread: where torch runs more, its own parallel kernels are used
 MAX_THREADS = {"attend": 2, "int8": 1}
+MAX_TOP = 64  # as in kernels.c
 GROUP = weights.GROUP  # inputs per scale, 8-bit and 4-bit groups alike (kernels.c assumes 32)
 # the first: vectorised expf from glibc's libmvec; the second for a libc without it
 _FLAG_SETS = (["-O3", "-march=native", "-ffast-math"], ["-O3", "-march=native", "-fno-math-errno"])
@@ -50,6 +51,7 @@ _SIGNATURES: dict[str, list[type]] = {
     "int8_vectorised": [],
     "rms_norm_f32": [_P, _I, _I, _P, ctypes.c_float, _P],
     "silu_mul_f32": [_P, _I, _I, _P],
+    "top_k_f32": [_P, _I, _I, _I, _P],
     "rope_store_bf16": [_P, _I, _I, _I, _I, _P, _P, _P, _P, _I, _I, _P, _P, _P],
     "rope_store_f32": [_P, _I, _I, _I, _I, _P, _P, _P, _P, _I, _I, _P, _P, _P],
 }
@@ -94,6 +96,17 @@ class Kernels:
         out = torch.empty((rows, width // 2))
         self.functions["silu_mul_f32"](x.data_ptr(), rows, width // 2, out.data_ptr())
         return out
+
+    def top_k(self, x: Tensor, k: int) -> Tensor:
+        """Where the ``k`` largest of each float32 row of ``x`` ``[rows, n]`` (contiguous) are, int64
+        ``[rows, k]`` in no order: ``x.topk(k, sorted=False).indices`` for rows without NaN, in one
+        scan (AVX512 compares) instead of torch's selection."""
+        rows, n = x.shape
+        if x.dtype != torch.float32 or not x.is_contiguous() or not 1 <= k <= min(n, MAX_TOP):
+            raise ValueError(f"top_k_f32 does not take the {k} largest of rows {tuple(x.shape)} ({x.dtype})")
+        indices = torch.empty((rows, k), dtype=torch.int64)
+        self.functions["top_k_f32"](x.data_ptr(), rows, n, k, indices.data_ptr())
+        return indices
 
     def rope_store(self, qkv: Tensor, heads: int, tables: tuple[Tensor, Tensor], rows: tuple[np.ndarray, np.ndarray],
                    keys: Tensor, values: Tensor) -> Tensor:

@@ -94,6 +94,31 @@ def test_the_rms_norm_is_torchs(built: kernels.Kernels, rows: int, n: int) -> No
         built.rms_norm(torch.randn(rows, 2 * n)[:, ::2], weight, 1e-5)  # rows apart
 
 
+def test_top_k_finds_torchs_largest(built: kernels.Kernels) -> None:
+    """The same sets as torch's ``topk`` (in no order): rows of logits' size, the largest at the
+    ends and in the first k, rows shorter than a vector, and equal values (any of them)."""
+    generator = torch.Generator().manual_seed(7)
+    x = torch.randn(4, 49_157, generator=generator)
+    x[1, -16:] += 10  # the largest at the end, past the last full vector
+    x[2, :16] += 10  # the largest among the first k
+    x[3] = torch.arange(49_157.0).flip(0)  # falling: every later one below the kept
+    for k in (1, 16, 64):
+        got = built.top_k(x, k)
+        assert got.dtype == torch.int64 and got.shape == (4, k)
+        assert torch.equal(got.sort(-1).values, x.topk(k, sorted=False).indices.sort(-1).values)
+    short = torch.randn(3, 20, generator=generator)
+    assert torch.equal(built.top_k(short, 16).sort(-1).values, short.topk(16).indices.sort(-1).values)
+    ties = torch.zeros(1, 40)
+    ties[0, [5, 30]] = 1.0
+    chosen = built.top_k(ties, 4)[0].tolist()
+    assert {5, 30} <= set(chosen) and len(set(chosen)) == 4  # and two of the equal zeros
+    for bad in (0, 21, kernels.MAX_TOP + 1):
+        with pytest.raises(ValueError, match="does not take"):
+            built.top_k(short if bad == 21 else x, bad)
+    with pytest.raises(ValueError, match="does not take"):
+        built.top_k(x.double(), 16)
+
+
 def test_silu_mul_is_torchs(built: kernels.Kernels) -> None:
     """The MLP's activation of a fused product ``[rows, 2 n]`` (gate, then up), gates far below and
     above zero included."""

@@ -15,7 +15,8 @@
 
    rms_norm_f32: the RMS norm of float32 rows (the decoder's residual stream); rope_store_*: the
    rotation of a step's queries and keys and the writing of its keys and values into the cache;
-   silu_mul_f32: the MLP's activation.
+   silu_mul_f32: the MLP's activation; top_k_f32: where a row's largest values are (the logits the
+   decoder refines).
 
    Single-threaded: one call at a time per model thread. */
 
@@ -488,13 +489,13 @@ DEFINE_ROPE_STORE(f32, float, to_f32)
 
 #define MAX_TOP 64
 
-/* The k largest of a row from position `from` on into vals/idx (k slots, holding the row's first k
-   on entry): each element above the smallest kept replaces it. After the first few thousand of a
-   row of logits, almost none is, so with AVX512 16 elements are compared at once. */
-static void top_k_scan(const float *row, int64_t from, int64_t n, int64_t k, float *vals, int64_t *idx) {
+/* The k largest of a row of n into vals/idx (k slots, holding the row's first k on entry): each
+   later element above the smallest kept replaces it. After the first few thousand of a row of
+   logits, almost none is, so with AVX512 16 elements are compared at once. */
+static void top_k_scan(const float *row, int64_t n, int64_t k, float *vals, int64_t *idx) {
     int64_t low = 0;
     for (int64_t j = 1; j < k; j++) low = vals[j] < vals[low] ? j : low;
-    int64_t i = from;
+    int64_t i = k;
 #if defined(__AVX512F__)
     for (; i + 16 <= n; i += 16) {
         __mmask16 above = _mm512_cmp_ps_mask(_mm512_loadu_ps(row + i), _mm512_set1_ps(vals[low]), _CMP_GT_OQ);
@@ -529,7 +530,7 @@ int top_k_f32(const float *x, int64_t rows, int64_t n, int64_t k, int64_t *indic
             vals[j] = row[j];
             idx[j] = j;
         }
-        top_k_scan(row, k, n, k, vals, idx);
+        top_k_scan(row, n, k, vals, idx);
     }
     return 0;
 }

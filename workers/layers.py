@@ -1,5 +1,5 @@
 """One transformer layer of the slot decoder (``workers.decoder``) and its arithmetic: the RMS norm of
-the float32 residual, the rotation of queries and keys, the fused projections."""
+the float32 residual, the rotation of queries and keys, the fused projections, the MLP's activation."""
 
 from collections.abc import Callable
 from typing import Any

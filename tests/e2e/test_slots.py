@@ -82,7 +82,7 @@ def test_the_slot_decoder_matches_transformers(kind: str, kernel: bool,
     reference = generate(model, prompt, 20)
     assert unsupported_reason(model) is None
     decoder = Decoder(model, slots=3, positions=256)
-    if kernel:  # attention and the norms of the float32 residual through workers/kernels.c
+    if kernel:  # attention, norms, rotation and the MLP's activation through workers/kernels.c
         decoder.use_kernels(kernels.load(tmp_path_factory.getbasetemp() / "kernels"))
         assert decoder.attention is not None
         assert all(layer.native_norm is not None for layer in decoder.typed_layers)
@@ -440,13 +440,13 @@ def dense_reference(model: Any, prompt: list[int]) -> tuple[list[int], torch.Ten
 
 
 def torch_but_the_products(decoder: Decoder) -> None:
-    """Attention, RMS norms and the rotation back on torch's operators, the kernels.c products kept
-    (the others' float32 rounding alone moves logits by 1e-4, more than the products' comparisons
-    allow)."""
+    """Attention, RMS norms, the rotation and the MLP's activation back on torch's operators, the
+    kernels.c products kept (the others' float32 rounding alone moves logits by 1e-4, more than the
+    products' comparisons allow)."""
     decoder.attention = decoder._native_norm = None
     decoder._rope_store = None
     for layer in decoder.typed_layers:
-        layer.native_norm = None
+        layer.native_norm = layer.native_activation = None
 
 
 def test_on_one_thread_the_8_bit_output_layer_runs_through_kernels_c(tmp_path: Path,

@@ -79,6 +79,21 @@ def test_prompt_chunks_attend_as_blocks_as_torch_does(built: kernels.Kernels, dt
                                atol=tolerance)
 
 
+@pytest.mark.parametrize("rows", [1, 20])  # a decoding row's head, a chunk's block
+def test_scores_far_apart_attend_as_torch_does(built: kernels.Kernels, rows: int) -> None:
+    """Scores hundreds apart: the softmax's exponentials (``exp16`` with AVX512) underflow to nothing
+    for all but the highest, and lengths that end mid-vector (the last 16 partly masked)."""
+    positions, kv_heads, group, head_dim = 77, 2, 3, 64
+    kernel = attention.decode_attention(built, group, head_dim, positions)
+    assert kernel is not None
+    generator = torch.Generator().manual_seed(rows)
+    keys, values = (torch.randn(1, kv_heads, positions, head_dim, generator=generator) for _ in range(2))
+    q = torch.randn(rows, kv_heads * group, head_dim, generator=generator) * 40  # scores' spread about 40
+    slots, limits = [0] * rows, list(range(positions - rows, positions))
+    got = kernel(q, keys, values, np.asarray(slots), np.asarray(limits))
+    torch.testing.assert_close(got.double(), reference(q, keys, values, slots, limits), rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize(("rows", "n"), [(1, 576), (5, 64), (3, 33)])
 def test_the_rms_norm_is_torchs(built: kernels.Kernels, rows: int, n: int) -> None:
     generator = torch.Generator().manual_seed(n)

@@ -18,8 +18,9 @@ import msgspec
 import redis.asyncio as aioredis
 
 from bench.report import Table, percentile, prompt_text, ratio
+from bench.sse import stream_response
 from bench.stack import ReplicatedStack
-from bench.throughput import UNSERVED, BenchRun, concurrent_streams, create_task, stream_response
+from bench.throughput import UNSERVED, BenchRun, concurrent_streams, create_task
 from lmsp_core import wire
 from lmsp_core.settings import Settings
 from lmsp_core.store.tasks import ClaimOutcome, TaskStore

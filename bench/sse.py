@@ -6,9 +6,15 @@ yielded with the time its bytes arrived.
 """
 
 import asyncio
+import json
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+
+from bench.report import user_input
+from lmsp_core import wire
+
+HOST = "127.0.0.1"
 
 
 @dataclass(frozen=True)
@@ -167,3 +173,35 @@ class EventIdReader(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._finish(exc)
+
+
+@dataclass
+class StreamResult:
+    """One streamed response of the API: seconds to its first text, in all, tokens, gapless event ids."""
+
+    ttft: float
+    seconds: float
+    tokens: int
+    gapless: bool
+
+
+async def stream_response(port: int, model: str, text: str, max_tokens: int) -> StreamResult:
+    """``text`` as a user message to ``/lmsp/v1/responses`` on ``port``, streamed, greedy."""
+    body = json.dumps({"model": model, "input": user_input(text), "stream": True, "max_output_tokens": max_tokens,
+                       "temperature": 0}).encode()
+    stream = SseStream(HOST, port, "POST", "/lmsp/v1/responses", body)
+    start = time.perf_counter()
+    first = 0.0
+    ids: list[int] = []
+    tokens = 0
+    async for arrived, events in stream.batches():
+        for event in events:
+            if event.id is not None:
+                ids.append(event.id)
+            if event.name == wire.TEXT_DELTA and not first:
+                first = arrived
+            if event.name in wire.FINAL_EVENTS:
+                tokens = json.loads(event.data).get("usage", {}).get("output_tokens", 0)
+                first = first or arrived  # no text at all (the first token ended it)
+    end = time.perf_counter()
+    return StreamResult(first - start, end - start, tokens, ids == list(range(1, len(ids) + 1)))

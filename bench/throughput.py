@@ -30,7 +30,6 @@ import random
 import statistics
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +39,7 @@ import torch
 
 from bench import hfserve, modelstep
 from bench.report import Measured, Table, fresh_prompt_text, percentile, prompt_text, ratio, user_input
-from bench.sse import EventIdReader, SseStream
+from bench.sse import HOST, EventIdReader, SseStream, stream_response
 from bench.stack import Stack, cpu_seconds, rss_bytes
 from lmsp_core import wire
 from lmsp_core.requests.catalog import Catalog
@@ -53,7 +52,6 @@ from workers import loader
 from workers.writer import EventWriter
 
 UNSERVED = "bench-unserved"  # fan-out tasks: queued on a model no worker serves, written by this process
-HOST = "127.0.0.1"
 
 
 # --- in process ----------------------------------------------------------------------------------
@@ -103,35 +101,6 @@ class InProcess:
 
 
 # --- through the service --------------------------------------------------------------------------
-
-
-@dataclass
-class StreamResult:
-    ttft: float
-    seconds: float
-    tokens: int
-    gapless: bool
-
-
-async def stream_response(port: int, model: str, text: str, max_tokens: int) -> StreamResult:
-    body = json.dumps({"model": model, "input": user_input(text), "stream": True, "max_output_tokens": max_tokens,
-                       "temperature": 0}).encode()
-    stream = SseStream(HOST, port, "POST", "/lmsp/v1/responses", body)
-    start = time.perf_counter()
-    first = 0.0
-    ids: list[int] = []
-    tokens = 0
-    async for arrived, events in stream.batches():
-        for event in events:
-            if event.id is not None:
-                ids.append(event.id)
-            if event.name == wire.TEXT_DELTA and not first:
-                first = arrived
-            if event.name in wire.FINAL_EVENTS:
-                tokens = json.loads(event.data).get("usage", {}).get("output_tokens", 0)
-                first = first or arrived  # no text at all (the first token ended it)
-    end = time.perf_counter()
-    return StreamResult(first - start, end - start, tokens, ids == list(range(1, len(ids) + 1)))
 
 
 async def concurrent_streams(port: int, model: str, count: int, max_tokens: int) -> tuple[int, float, bool]:

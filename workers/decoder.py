@@ -10,7 +10,7 @@ Decoding rows: row ``b`` of the step is slot ``b``, so the keys a row attends to
 slot, never a gathered copy. Rows ``0..B-1`` all run; a row whose slot holds no decoding sequence
 (free, or still being prefilled) is a dummy that writes into the slot's last position, which no
 sequence uses (a sequence ends when its context fills the window, before the token at that
-position is fed back), and whose output is dropped.
+position is fed back), and whose output is dropped (through ``kernels.c`` it attends to nothing).
 
 On a CPU, a step's attention, its RMS norms, the rotation of queries and keys with the cache writes
 and its decoding products run through ``workers/kernels.c`` where it was built for the host
@@ -238,7 +238,7 @@ class Decoder(nn.Module):
         # rows that all attend to every column of the step (one stream) need no mask
         mask = None if (limits >= length - 1).all() else self._mask(limits, length)
         segments = tuple((chunk.slot, chunk.start, chunk.end) for chunk in plan.chunks)
-        kernel = self._kernel_rows(plan, rows, np.minimum(limits, length - 1))
+        kernel = self._kernel_rows(plan, rows)
         hidden = self.forward(tokens_, positions_, slots_, (rows, length, mask), segments, kernel,
                               (positions, slots) if self._rope_store is not None else None)
         return self._output(norm(hidden[wanted], self.norm, self.eps, self._native_norm), decoding=len(plan.feeds))
@@ -351,14 +351,18 @@ class Decoder(nn.Module):
         """``[rows, 1, 1, length]``: the columns each decoding row attends to."""
         return (self.columns[:length][None, :] <= self._on_device(limits)[:, None])[:, None, None, :]
 
-    def _kernel_rows(self, plan: StepPlan, rows: int, limits: np.ndarray) -> KernelRows | None:
-        """The step's rows that attend through ``self.attention``, all of them: the decoding rows
-        (``limits``: the last column of each), then every chunk's tokens (the kernel attends a chunk's
+    def _kernel_rows(self, plan: StepPlan, rows: int) -> KernelRows | None:
+        """The step's rows that attend through ``self.attention``, all of them: the decoding rows (each
+        to its position; a dummy row, whose output is dropped, to nothing: under torch's mask it read
+        as many columns as the longest row), then every chunk's tokens (the kernel attends a chunk's
         rows as blocks, 3-5x faster than torch's attention at any chunk size measured); None where
         the kernel is not used."""
         if self.attention is None or not (rows or plan.chunks):
             return None
-        slots, lasts = [np.arange(rows)], [limits]
+        decoding = np.full(rows, -1, dtype=np.int64)
+        for feed in plan.feeds:
+            decoding[feed.slot] = feed.position
+        slots, lasts = [np.arange(rows)], [decoding]
         for chunk in plan.chunks:
             slots.append(np.full(len(chunk.tokens), chunk.slot))
             lasts.append(np.arange(chunk.start, chunk.end))

@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-import numpy as np
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
@@ -87,8 +86,11 @@ def test_the_slot_decoder_matches_transformers(kind: str, kernel: bool,
         assert decoder.attention is not None
         assert all(layer.native_norm is not None for layer in decoder.typed_layers)
         assert (decoder._rope_store is not None) == (kind != "qwen3")  # qwen3 norms queries and keys first
-        alone = decoder._kernel_rows(StepPlan(chunks=[Chunk(0, 0, prompt, True)]), 0, np.empty(0, dtype=np.int64))
+        alone = decoder._kernel_rows(StepPlan(chunks=[Chunk(0, 0, prompt, True)]), 0)
         assert alone is not None and len(alone[0]) == len(prompt)  # a 33-token prompt alone: all through kernels.c
+        # slot 2 decoding at position 40, rows 0 and 1 dummies: they attend to nothing (their output is dropped)
+        holes = decoder._kernel_rows(StepPlan(feeds=[Feed(2, 5, 40)]), 3)
+        assert holes is not None and holes[1].tolist() == [-1, -1, 40]
         for layer in decoder.typed_layers:  # float32 products: the MLP's activation through kernels.c
             native = layer.native_activation
             assert native is not None

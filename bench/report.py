@@ -51,9 +51,9 @@ def ratio(service: float, baseline: float) -> str:
 
 @dataclass
 class Measured:
-    """What later sections compare with: 1-stream tokens/s and TTFT p50 (ms), aggregate tokens/s."""
+    """What later sections compare with: TTFT p50 (ms), aggregate tokens/s (the comparison with
+    llama.cpp measures its own one-stream rate, alternating with llama.cpp's)."""
 
-    single: float = 0.0
     ttft_ms: float = 0.0  # the same prompt again (all of it but its last token cached)
     ttft_fresh_ms: float = 0.0  # a new prompt each time (the chat template's start cached)
     rates: dict[int, float] = field(default_factory=dict)

@@ -2,7 +2,8 @@
 
 It speaks just enough HTTP/1.1 for our API: one request per connection, a chunked (or
 connection-delimited) response body, events separated by blank lines. Each batch of events is
-yielded with the time its bytes arrived.
+yielded with the time its bytes arrived. ``stream_response`` streams one response of the API through it
+(the benchmark's sections share it).
 """
 
 import asyncio

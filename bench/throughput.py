@@ -268,7 +268,6 @@ async def throughput(args: argparse.Namespace, stack: Stack, local: InProcess, t
         local_runs.append(local.generate([prompt], args.tokens))
     service_rate = statistics.median(r.tokens / r.seconds for r in service_runs)
     local_rate = statistics.median(t / s for t, s in local_runs)
-    measured.single = service_rate
     table.add("1 stream: tokens/s end to end", f"{service_rate:.1f}", f"{local_rate:.1f} generate",
               ratio(service_rate, local_rate), ">= 0.95")
     # time to first token: many short pairs (a prefill's own noise is larger than what we add)

@@ -24,14 +24,23 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
+/* The products multiply codes as integers with AVX512-VNNI where the CPU has it, else with AVX2's
+   byte products (maddubs: unsigned by signed bytes, pairs summed into 16 bits, as llama.cpp does on
+   such CPUs), else in plain C (slower than torch's kernels: not used). */
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512F__)
-#define INT8_VECTORISED 1
+#define PRODUCTS_VNNI 1
+#define PRODUCTS_AVX2 0
+#elif defined(__AVX2__) && defined(__FMA__)
+#define PRODUCTS_VNNI 0
+#define PRODUCTS_AVX2 1
 #else
-#define INT8_VECTORISED 0
+#define PRODUCTS_VNNI 0
+#define PRODUCTS_AVX2 0
 #endif
+#define INT8_VECTORISED (PRODUCTS_VNNI || PRODUCTS_AVX2)
 
 #define MAX_GROUP 16
 #define BLOCK_ROWS 16 /* a prompt chunk's rows attending as one block, at most */
@@ -601,6 +610,27 @@ int rms_norm_f32(const float *x, int64_t rows, int64_t n, const float *weight, f
 
 int int8_vectorised(void) { return INT8_VECTORISED; }
 
+#if PRODUCTS_AVX2
+static inline float sum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+
+/* a group's weight scale times its input's, in all 8 lanes */
+static inline __m256 group_scale(const float *scales, const float *dr, int64_t g) {
+    return _mm256_mul_ps(_mm256_broadcast_ss(scales + g), _mm256_broadcast_ss(dr + g));
+}
+
+/* 8 partial sums of a group's 32 signed codes times its 32 signed inputs (|code| <= 128: the pairs'
+   sums fit in 16 bits) */
+static inline __m256 signed_sums(const int8_t *w, const int8_t *x, __m256i ones) {
+    __m256i wv = _mm256_loadu_si256((const __m256i *)w), xv = _mm256_loadu_si256((const __m256i *)x);
+    __m256i pairs = _mm256_maddubs_epi16(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(xv, wv));
+    return _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, ones));
+}
+#endif
+
 /* x [rows, k] float32 -> xq [rows, k] int8 and, per group of 32, its scale dx and corr =
    128 * dx * sum(xq) (the products below take the codes as unsigned: code + 128). */
 void int8_quantize(const float *x, int64_t rows, int64_t k, int8_t *xq, float *dx, float *corr) {
@@ -630,7 +660,7 @@ static float int8_row(const int8_t *w, const float *s, const int8_t *xr, const f
                       int64_t groups) {
     int64_t g = 0;
     float total = 0.0f;
-#if INT8_VECTORISED
+#if PRODUCTS_VNNI
     const __m512i flip = _mm512_set1_epi8((char)0x80); /* code + 128 as unsigned bytes */
     __m512 acc = _mm512_setzero_ps();
     for (; g + 2 <= groups; g += 2) { /* two groups: 64 bytes, 16 sums of 4 products */
@@ -648,6 +678,22 @@ static float int8_row(const int8_t *w, const float *s, const int8_t *xr, const f
         acc = _mm512_fnmadd_ps(_mm512_maskz_loadu_ps(m, s + h), _mm512_maskz_loadu_ps(m, cr + h), acc);
     }
     total = _mm512_reduce_add_ps(acc);
+#elif PRODUCTS_AVX2
+    (void)cr; /* signed codes by signed inputs: |code| times the input with the code's sign */
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 acc = _mm256_setzero_ps(), acc2 = _mm256_setzero_ps();
+    for (; g + 2 <= groups; g += 2) {
+        acc = _mm256_fmadd_ps(signed_sums(w + g * GROUP, xr + g * GROUP, ones), group_scale(s, dr, g), acc);
+        acc2 = _mm256_fmadd_ps(signed_sums(w + (g + 1) * GROUP, xr + (g + 1) * GROUP, ones),
+                               group_scale(s, dr, g + 1), acc2);
+    }
+    total = sum8(_mm256_add_ps(acc, acc2));
+    for (; g < groups; g++) {
+        int32_t sum = 0;
+        for (int i = 0; i < GROUP; i++) sum += (int32_t)w[g * GROUP + i] * (int32_t)xr[g * GROUP + i];
+        total += s[g] * dr[g] * (float)sum;
+    }
+    return total;
 #else
     for (int64_t h = 0; h < groups; h++) total -= s[h] * cr[h];
 #endif
@@ -659,17 +705,50 @@ static float int8_row(const int8_t *w, const float *s, const int8_t *xr, const f
     return total;
 }
 
+#if PRODUCTS_AVX2
+/* int8_row for four input rows at once (as int4_rows4 takes them): each group's |codes| taken once */
+static void int8_rows4(const int8_t *w, const float *s, const int8_t *xr, const float *dr, int64_t k,
+                       int64_t groups, float *out, int64_t n) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (int64_t g = 0; g < groups; g++) {
+        __m256i wv = _mm256_loadu_si256((const __m256i *)(w + g * GROUP));
+        __m256i magnitudes = _mm256_sign_epi8(wv, wv);
+        __m256 scale = _mm256_broadcast_ss(s + g);
+        for (int i = 0; i < 4; i++) {
+            __m256i xv = _mm256_loadu_si256((const __m256i *)(xr + i * k + g * GROUP));
+            __m256i sums = _mm256_madd_epi16(_mm256_maddubs_epi16(magnitudes, _mm256_sign_epi8(xv, wv)), ones);
+            acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_mul_ps(scale, _mm256_broadcast_ss(dr + i * groups + g)),
+                                     acc[i]);
+        }
+    }
+    for (int i = 0; i < 4; i++) out[i * n] = sum8(acc[i]);
+}
+#endif
+
 /* out [rows, n] float32 = x . w for codes [n, k] int8 and scales [n, k / 32] float32 (x quantised by
    int8_quantize: xq, dx, corr). */
 void int8_product(const int8_t *xq, const float *dx, const float *corr, int64_t rows, const int8_t *codes,
                   const float *scales, int64_t n, int64_t k, float *out) {
     int64_t groups = k / GROUP;
     for (int64_t j = 0; j < n; j++) {
-        for (int64_t r = 0; r < rows; r++) {
+        int64_t r = 0;
+#if PRODUCTS_AVX2
+        for (; r + 4 <= rows; r += 4)
+            int8_rows4(codes + j * k, scales + j * groups, xq + r * k, dx + r * groups, k, groups, out + r * n + j, n);
+#endif
+        for (; r < rows; r++) {
             out[r * n + j] = int8_row(codes + j * k, scales + j * groups, xq + r * k, dx + r * groups,
                                       corr + r * groups, groups);
         }
     }
+}
+
+/* codes . inputs of a last odd group of 4-bit codes, alone in 16 bytes (byte j: codes j and j + 16) */
+static int32_t lone_group(const uint8_t *b, const int8_t *x) {
+    int32_t sum = 0;
+    for (int j = 0; j < 16; j++) sum += (int32_t)(b[j] & 0x0F) * (int32_t)x[j] + (int32_t)(b[j] >> 4) * (int32_t)x[16 + j];
+    return sum;
 }
 
 /* One weight row of 4-bit groups, packed two groups to 32 bytes (byte j: code j of the first group in
@@ -679,7 +758,7 @@ static float int4_row(const uint8_t *w, const float *d, const float *m, const in
                       const float *cr, int64_t groups) {
     int64_t g = 0;
     float total = 0.0f;
-#if INT8_VECTORISED
+#if PRODUCTS_VNNI
     const __m256i nibble = _mm256_set1_epi8(0x0F);
     __m512 acc = _mm512_setzero_ps(), acc2 = _mm512_setzero_ps();
     for (; g + 2 <= groups; g += 16) { /* up to 16 groups: their scales times the inputs' at once */
@@ -711,6 +790,25 @@ static float int4_row(const uint8_t *w, const float *d, const float *m, const in
                               _mm512_mul_ps(_mm512_maskz_loadu_ps(mask, cr + h), eighth), acc);
     }
     total = _mm512_reduce_add_ps(acc);
+#elif PRODUCTS_AVX2
+    const __m256i nibble = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+    __m256 acc = _mm256_setzero_ps(), acc2 = _mm256_setzero_ps();
+    for (; g + 2 <= groups; g += 2) { /* a pair: 32 bytes, the first group's codes low, the next's high */
+        __m256i packed = _mm256_loadu_si256((const __m256i *)(w + g * 16));
+        __m256i low = _mm256_and_si256(packed, nibble), high = _mm256_and_si256(_mm256_srli_epi16(packed, 4), nibble);
+        __m256i sums = _mm256_madd_epi16(
+            _mm256_maddubs_epi16(low, _mm256_loadu_si256((const __m256i *)(xr + g * GROUP))), ones);
+        __m256i next = _mm256_madd_epi16(
+            _mm256_maddubs_epi16(high, _mm256_loadu_si256((const __m256i *)(xr + (g + 1) * GROUP))), ones);
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), group_scale(d, dr, g), acc);
+        acc2 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(next), group_scale(d, dr, g + 1), acc2);
+    }
+    const __m256 eighth = _mm256_set1_ps(1.0f / 128.0f);
+    int64_t h = 0;
+    for (; h + 8 <= groups; h += 8)
+        acc = _mm256_fmadd_ps(_mm256_loadu_ps(m + h), _mm256_mul_ps(_mm256_loadu_ps(cr + h), eighth), acc);
+    total = sum8(_mm256_add_ps(acc, acc2));
+    for (; h < groups; h++) total += m[h] * cr[h] / 128.0f;
 #else
     for (int64_t h = 0; h < groups; h++) total += m[h] * cr[h] / 128.0f;
 #endif
@@ -727,11 +825,43 @@ static float int4_row(const uint8_t *w, const float *d, const float *m, const in
             g++;
             continue;
         }
-        for (int j = 0; j < 16; j++) sum += (int32_t)(b[j] & 0x0F) * (int32_t)x[j] + (int32_t)(b[j] >> 4) * (int32_t)x[16 + j];
-        total += d[g] * dr[g] * (float)sum;
+        total += d[g] * dr[g] * (float)lone_group(b, x);
     }
     return total;
 }
+
+#if PRODUCTS_AVX2
+/* int4_row for four input rows at once (xr, dr, cr: the first's; the next ones k bytes and groups
+   scales further on): each pair of groups' codes unpacked once for the four. out: the first row's
+   result, the next ones n floats further on. */
+static void int4_rows4(const uint8_t *w, const float *d, const float *m, const int8_t *xr, const float *dr,
+                       const float *cr, int64_t k, int64_t groups, float *out, int64_t n) {
+    const __m256i nibble = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    int64_t g = 0;
+    for (; g + 2 <= groups; g += 2) {
+        __m256i packed = _mm256_loadu_si256((const __m256i *)(w + g * 16));
+        __m256i low = _mm256_and_si256(packed, nibble), high = _mm256_and_si256(_mm256_srli_epi16(packed, 4), nibble);
+        __m256 scale = _mm256_broadcast_ss(d + g), next_scale = _mm256_broadcast_ss(d + g + 1);
+        for (int i = 0; i < 4; i++) {
+            const int8_t *x = xr + i * k + g * GROUP;
+            __m256i sums = _mm256_madd_epi16(_mm256_maddubs_epi16(low, _mm256_loadu_si256((const __m256i *)x)), ones);
+            __m256i next = _mm256_madd_epi16(
+                _mm256_maddubs_epi16(high, _mm256_loadu_si256((const __m256i *)(x + GROUP))), ones);
+            const float *ds = dr + i * groups + g;
+            acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_mul_ps(scale, _mm256_broadcast_ss(ds)), acc[i]);
+            acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(next), _mm256_mul_ps(next_scale, _mm256_broadcast_ss(ds + 1)),
+                                     acc[i]);
+        }
+    }
+    for (int i = 0; i < 4; i++) {
+        float total = sum8(acc[i]);
+        for (int64_t h = 0; h < groups; h++) total += m[h] * cr[i * groups + h] / 128.0f;
+        if (g < groups) total += d[g] * dr[i * groups + g] * (float)lone_group(w + g * 16, xr + i * k + g * GROUP);
+        out[i * n] = total;
+    }
+}
+#endif
 
 /* out [rows, n] float32 = x . w for 4-bit groups: codes [n, 16 * groups] packed as int4_row takes
    them, d and m [n, groups] float32; x quantised by int8_quantize. */
@@ -739,7 +869,13 @@ void int4_product(const int8_t *xq, const float *dx, const float *corr, int64_t 
                   const float *d, const float *m, int64_t n, int64_t k, float *out) {
     int64_t groups = k / GROUP;
     for (int64_t j = 0; j < n; j++) {
-        for (int64_t r = 0; r < rows; r++) {
+        int64_t r = 0;
+#if PRODUCTS_AVX2
+        for (; r + 4 <= rows; r += 4)
+            int4_rows4(codes + j * groups * 16, d + j * groups, m + j * groups, xq + r * k, dx + r * groups,
+                       corr + r * groups, k, groups, out + r * n + j, n);
+#endif
+        for (; r < rows; r++) {
             out[r * n + j] = int4_row(codes + j * groups * 16, d + j * groups, m + j * groups, xq + r * k,
                                       dx + r * groups, corr + r * groups, groups);
         }

@@ -82,7 +82,12 @@ LLAMA_SHAPES: dict[str, dict[str, Any]] = {
 
 
 def load(spec: ModelSpec, cache_dir: Path) -> LoadedModel:
-    return dataclasses.replace(_load(spec, cache_dir), kernel_dir=cache_dir / "kernels")
+    return dataclasses.replace(_load(spec, cache_dir), kernel_dir=kernel_dir(cache_dir))
+
+
+def kernel_dir(cache_dir: Path) -> Path:
+    """Where ``kernels.c`` is built for this host."""
+    return cache_dir / "kernels"
 
 
 def _load(spec: ModelSpec, cache_dir: Path) -> LoadedModel:
@@ -99,7 +104,8 @@ def _load(spec: ModelSpec, cache_dir: Path) -> LoadedModel:
         return _random_llama(spec, cache_dir, device, dtype)
     else:
         raise ValueError(f"model {spec.id!r}: unknown source {spec.source!r}")
-    int4_rows = precision.int4_rows(cache_dir, dtype) if packable(spec, device) else 0
+    native = precision.native_products(kernel_dir(cache_dir)) if packable(spec, device) else None
+    int4_rows = precision.int4_rows(cache_dir, dtype, native) if packable(spec, device) else 0
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32 if int4_rows else dtype).to(device).eval()
     exact_weights = {}
     if int4_rows:  # the float32 weights stay at hand for packing (workers.decoder), the model runs in dtype
@@ -108,7 +114,7 @@ def _load(spec: ModelSpec, cache_dir: Path) -> LoadedModel:
     tokenizer = AutoTokenizer.from_pretrained(path)
     card = make_card(spec, tokenizer, model.generation_config.eos_token_id)
     return LoadedModel(spec, model, card, device, exact_weights, int4_rows,
-                       precision.merge_rows(cache_dir, dtype, int4_rows))
+                       precision.merge_rows(cache_dir, dtype, int4_rows, native))
 
 
 def cast_weights(model: Any, dtype: torch.dtype) -> None:

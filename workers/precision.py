@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 from torch.nn import functional
 
-from workers import weights
+from workers import kernels, weights
 from workers.decoder import PREFILL_ROWS
 
 logger = logging.getLogger(__name__)
@@ -36,6 +36,7 @@ _SHAPE = (2048, 1024)
 _LAYERS = 8
 _INT4_ROWS = (1, 2, 4, 8, 16, 32)
 MERGE_CHUNK = 32  # prompt tokens of the chunk that ``merge_rows`` is measured beside
+_KERNELS = " (kernels.c)"  # in the cache's key of figures measured on kernels.c's products
 
 
 def cpu_signature() -> str:
@@ -67,21 +68,29 @@ def cpu_dtype(cache_dir: Path) -> torch.dtype:
     return torch.bfloat16 if _cached(cache_dir, cpu_signature(), measure) == "bfloat16" else torch.float32
 
 
-def int4_rows(cache_dir: Path, dtype: torch.dtype) -> int:
-    """The most rows a product on 4-bit weights runs faster than on dense ``dtype`` weights laid out as
-    the decoder lays them out (0: never; measured once per CPU and dtype, then read from the cache)."""
+def native_products(kernel_dir: Path) -> kernels.Kernels | None:
+    """``kernels.c`` (built into ``kernel_dir``) where the decoder will run 4-bit products on it (they
+    beat torch's kernel here), so that the rows measured are those of the products that will run."""
+    built = kernels.load(kernel_dir)
+    return built if built is not None and built.products_run_here() else None
+
+
+def int4_rows(cache_dir: Path, dtype: torch.dtype, native: kernels.Kernels | None = None) -> int:
+    """The most rows a product on 4-bit weights (through ``native`` where given, else torch's kernel)
+    runs faster than on dense ``dtype`` weights laid out as the decoder lays them out (0: never;
+    measured once per CPU, dtype and kind of product, then read from the cache)."""
     if not hasattr(torch, "_weight_int4pack_mm_for_cpu"):
         return 0
 
     def measure() -> str:
-        rows = _most_rows(_INT4_ROWS, lambda count: _product_seconds(dtype, count))
+        rows = _most_rows(_INT4_ROWS, lambda count: _product_seconds(dtype, count, native=native))
         logger.info("4-bit weights pay for products of up to %d rows on %s", rows, cpu_signature())
         return str(rows)
 
-    return int(_cached(cache_dir, f"{cpu_signature()} int4 vs {_name(dtype)}", measure))
+    return int(_cached(cache_dir, f"{cpu_signature()} int4{_KERNELS if native else ''} vs {_name(dtype)}", measure))
 
 
-def merge_rows(cache_dir: Path, dtype: torch.dtype, packed_rows: int) -> int:
+def merge_rows(cache_dir: Path, dtype: torch.dtype, packed_rows: int, native: kernels.Kernels | None = None) -> int:
     """The most decoding rows that a dense product of a prompt chunk (``weights.Linear``) takes along
     for less than a 4-bit product of those rows alone costs (0: never; measured once per CPU and dtype
     for a chunk of ``MERGE_CHUNK`` rows, then read from the cache). Where the dense product is bound by
@@ -92,11 +101,12 @@ def merge_rows(cache_dir: Path, dtype: torch.dtype, packed_rows: int) -> int:
 
     def measure() -> str:
         counts = tuple(count for count in _INT4_ROWS if count <= packed_rows)
-        rows = _most_rows(counts, lambda count: _merge_seconds(dtype, count)[::-1])
+        rows = _most_rows(counts, lambda count: _merge_seconds(dtype, count, native=native)[::-1])
         logger.info("a dense chunk product takes up to %d decoding rows along on %s", rows, cpu_signature())
         return str(rows)
 
-    return min(packed_rows, int(_cached(cache_dir, f"{cpu_signature()} merge vs {_name(dtype)}", measure)))
+    signature = f"{cpu_signature()} merge{_KERNELS if native else ''} vs {_name(dtype)}"
+    return min(packed_rows, int(_cached(cache_dir, signature, measure)))
 
 
 def _most_rows(counts: tuple[int, ...], seconds: Callable[[int], tuple[float, float]]) -> int:
@@ -148,9 +158,10 @@ def _seconds(dtype: torch.dtype, rounds: int = 5) -> float:
     return best
 
 
-def _layers(dtype: torch.dtype, packed_rows: int) -> list[tuple[weights.Linear, weights.Linear]]:
+def _layers(dtype: torch.dtype, packed_rows: int,
+            native: kernels.Kernels | None) -> list[tuple[weights.Linear, weights.Linear]]:
     """``_LAYERS`` layers of ``_SHAPE``, each dense (prepacked where the decoder prepacks) and on 4-bit
-    groups (for products of up to ``packed_rows`` rows)."""
+    groups (for products of up to ``packed_rows`` rows; through ``native`` where given)."""
     generator = torch.Generator().manual_seed(0)
     layers = []
     for _ in range(_LAYERS):
@@ -159,6 +170,8 @@ def _layers(dtype: torch.dtype, packed_rows: int) -> list[tuple[weights.Linear, 
             dense.prepack(PREFILL_ROWS)
         packed = weights.Linear(dense.weight.detach())
         packed.pack_int4(dense.weight.detach().float(), packed_rows)
+        if native is not None:
+            packed.use_native(native.int4_weights(dense.weight.detach().float()))
         layers.append((dense, packed))
     return layers
 
@@ -175,19 +188,21 @@ def _best_of(rounds: int, *runs: Callable[[], object]) -> list[float]:
     return best
 
 
-def _product_seconds(dtype: torch.dtype, rows: int, rounds: int = 5) -> tuple[float, float]:
+def _product_seconds(dtype: torch.dtype, rows: int, rounds: int = 5,
+                     native: kernels.Kernels | None = None) -> tuple[float, float]:
     """CPU time of ``rows``-row products through dense and 4-bit layers of the same shape."""
-    layers = _layers(dtype, rows)
+    layers = _layers(dtype, rows, native)
     x = torch.randn((rows, _SHAPE[1]), generator=torch.Generator().manual_seed(1)).to(dtype)
     dense, packed = _best_of(rounds, lambda: [layer[0](x) for layer in layers],
                              lambda: [layer[1](x) for layer in layers])
     return dense, packed
 
 
-def _merge_seconds(dtype: torch.dtype, rows: int, rounds: int = 5) -> tuple[float, float]:
+def _merge_seconds(dtype: torch.dtype, rows: int, rounds: int = 5,
+                   native: kernels.Kernels | None = None) -> tuple[float, float]:
     """CPU time of a ``MERGE_CHUNK``-row chunk's dense products with ``rows`` decoding rows along, and
     of the chunk's dense products beside the decoding rows' own 4-bit ones."""
-    layers = _layers(dtype, rows)
+    layers = _layers(dtype, rows, native)
     generator = torch.Generator().manual_seed(1)
     chunk = torch.randn((MERGE_CHUNK, _SHAPE[1]), generator=generator).to(dtype)
     decoding = torch.randn((rows, _SHAPE[1]), generator=generator).to(dtype)

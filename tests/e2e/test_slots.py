@@ -5,6 +5,7 @@ weights only where they lose nothing, and a compiled step that decodes as the ea
 import asyncio
 import contextlib
 import copy
+import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -430,7 +431,7 @@ def vectorised_kernels(directory: Path) -> kernels.Kernels:
     """kernels.c built into ``directory``; the test is skipped where its products are not vectorised."""
     built = kernels.load(directory)
     if built is None or not built.int8_vectorised:
-        pytest.skip("kernels.c's products are vectorised with AVX512-VNNI only")
+        pytest.skip("kernels.c's products are vectorised with AVX2 or AVX512-VNNI only")
     return built
 
 
@@ -528,7 +529,7 @@ def fake_timings(monkeypatch: pytest.MonkeyPatch, name: str,
     """``precision.<name>`` answering ``timings(rows)``; returns the row counts it is asked for."""
     measured: list[int] = []
 
-    def timed(dtype: torch.dtype, rows: int, rounds: int = 5) -> tuple[float, float]:
+    def timed(dtype: torch.dtype, rows: int, rounds: int = 5, native: object = None) -> tuple[float, float]:
         measured.append(rows)
         return timings(rows)
 
@@ -543,9 +544,17 @@ def test_how_many_rows_4_bit_products_pay_for_is_measured_once(tmp_path: Path,
     measured = fake_timings(monkeypatch, "_product_seconds", lambda rows: (1.0, 0.5) if rows <= 8 else (1.0, 2.0))
     assert precision.int4_rows(tmp_path, torch.float32) == 8 and measured == [1, 2, 4, 8, 16]
     assert precision.int4_rows(tmp_path, torch.float32) == 8 and len(measured) == 5  # read from the cache
-    monkeypatch.setattr(precision, "_product_seconds", lambda dtype, rows: (1.0, 1.5))
+    monkeypatch.setattr(precision, "_product_seconds", lambda dtype, rows, native=None: (1.0, 1.5))
     assert precision.int4_rows(tmp_path, torch.bfloat16) == 0  # never faster: never packed
     dense, packed = real(torch.float32, 2, rounds=1)  # the real measurement runs both kinds of layer
+    assert dense > 0 and packed > 0
+    native = kernels.load(tmp_path / "kernels")
+    assert native is not None
+    # figures for kernels.c's products are kept apart from those for torch's kernel
+    assert precision.int4_rows(tmp_path, torch.float32, native) == 0
+    assert len(json.loads((tmp_path / "precision.json").read_text())) == 3
+    assert all(packed.native is not None for _, packed in precision._layers(torch.float32, 2, native))
+    dense, packed = real(torch.float32, 2, rounds=1, native=native)
     assert dense > 0 and packed > 0
 
 

@@ -36,7 +36,7 @@ from workers.attention import DecodeAttention, decode_attention
 from workers.cudagraphs import StepGraphs
 from workers.kvslots import KvSlots, StepPlan
 from workers.layers import Layer, NativeNorm, norm
-from workers.weights import GROUP, Linear, frozen, int8_codes, on_int4_grid, on_int8_grid
+from workers.weights import GROUP, Groups4, Groups8, Linear, frozen
 
 logger = logging.getLogger(__name__)
 
@@ -113,6 +113,7 @@ class Decoder(nn.Module):
         self._rope_store: Callable[..., Tensor] | None = None
         self._output_codes: tuple[Tensor, Tensor] | None = None  # the output layer's 8-bit codes and scales
         self._output_int8: kernels.GroupedWeights | None = None  # the same for kernels.c (``_int8_logits``)
+        self._output_packed = False  # the output layer on 4-bit or 8-bit groups (``_pack_output``)
         self.graphs = compile and device.type == "cuda"
         self._decode = self.logits
         self._graphs: StepGraphs | None = None
@@ -131,7 +132,7 @@ class Decoder(nn.Module):
         (``layers.norm``), the MLP's activation of float32 products (``Layer._activated``), the rotation
         of queries and keys with the cache writes (``Kernels.rope_store``; not for models that norm
         queries and keys before turning them), the output layer's 8-bit product (``_int8_logits``) and,
-        where ``pack_int4`` packs after this, the layers' 4-bit products (``weights.Linear.use_native``)
+        where ``pack_int4`` packs after this, the layers' 4-bit products (``weights.Linear.pack_int4``)
         through ``built`` where they apply; eager steps only (a compiled step keeps torch's). None:
         torch alone."""
         _, _, head_dim = self.shape
@@ -169,36 +170,45 @@ class Decoder(nn.Module):
                 (layer.gate_up, torch.cat([exact[f"{mlp}{p}_proj.weight"] for p in ("gate", "up")])),
                 (layer.down, exact[f"{mlp}down_proj.weight"]),
             ]
-        self._pack_output(exact.get("lm_head.weight", exact["model.embed_tokens.weight"]), rows, lossless_only)
+        native = self._kernels if self._kernels is not None and self._kernels.products_run_here() else None
+        self._pack_output(exact.get("lm_head.weight", exact["model.embed_tokens.weight"]), rows, lossless_only,
+                          native is not None)
         if any(source.shape[1] % GROUP for _, source in sources):
             return False
-        if lossless_only and not all(on_int4_grid(source) for _, source in sources):
-            return False
-        native = self._kernels is not None and self._kernels.products_run_here()
+        packs = []  # all checked before any is packed: a model off the grid stays dense throughout
         for linear, source in sources:
-            linear.pack_int4(source, rows, merge_rows)
-            if native and self._kernels is not None:
-                linear.use_native(self._kernels.int4_weights(source))
+            groups = Groups4.of(source)
+            if lossless_only and not groups.exact(source):
+                return False
+            # kernels.c's copy where it runs the products, else torch's (never both: memory and time)
+            packs.append((linear, source, groups, None if native is None else native.int4_weights(source, groups)))
+        for linear, source, groups, product in packs:
+            linear.pack_int4(source, rows, merge_rows, product, groups)
         return True
 
-    def _pack_output(self, source: Tensor, rows: int, lossless_only: bool) -> None:
+    def _pack_output(self, source: Tensor, rows: int, lossless_only: bool, native: bool) -> None:
         """The output layer on 4-bit or 8-bit groups, whichever holds its weights exactly (GGUF models
         mostly keep it in Q8_0); without ``lossless_only``, on 8-bit groups. An 8-bit product costs
-        two 4-bit ones, so it pays up to half as many rows."""
+        two 4-bit ones, so it pays up to half as many rows. With ``native`` (``kernels.c`` runs the
+        products), 8-bit groups are kept as codes for it alone (``_int8_logits``), not packed for
+        torch's kernel too."""
         if source.shape[1] % GROUP:
             return
         # where the dense copy is rounded (a bfloat16 model), the refinement reads the exact weights:
         # the 8-bit codes where they hold them, else the float32 weights themselves
         exact: tuple[Tensor, Tensor | None] = (source, None)
-        if on_int4_grid(source):
-            self.lm_head.pack_int4(source, rows)
-        elif on_int8_grid(source):
-            self.lm_head.pack_int8(source, max(1, rows // 2))
-            exact = self._output_codes = int8_codes(source)
+        four = Groups4.of(source)
+        if four.exact(source):
+            self.lm_head.pack_int4(source, rows, groups=four)
+        elif (eight := Groups8.of(source)).exact(source):
+            self.lm_head.pack_int8(source, max(1, rows // 2), None if native else eight)
+            exact = self._output_codes = eight.codes()
         elif not lossless_only:
-            self.lm_head.pack_int8(source, max(1, rows // 2))
+            self.lm_head.pack_int8(source, max(1, rows // 2), None if native else eight)
+            self._output_codes = eight.codes()
         else:
             return
+        self._output_packed = True
         if self.lm_head.weight.dtype != torch.float32:
             self._exact_output = exact
 
@@ -260,7 +270,7 @@ class Decoder(nn.Module):
         logits = self._int8_logits(hidden)
         if logits is None:
             product: Tensor = self.lm_head(hidden, decoding)
-            if self.lm_head.int4 is None:
+            if not self._output_packed:
                 return product
             logits = product.float()
         top = self._highest(logits)

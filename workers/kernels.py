@@ -142,11 +142,13 @@ class Kernels:
             raise ValueError(f"8-bit groups of codes {tuple(codes.shape)}, scales {tuple(scales.shape)}")
         return GroupedWeights(self.functions["int8_matmul"], k, (codes, scales))
 
-    def int4_weights(self, weight: Tensor) -> "GroupedWeights":
-        """``weight`` (float32 ``[n, k]``) in 4-bit groups (``weights.int4_native``) for ``int4_matmul``."""
+    def int4_weights(self, weight: Tensor, groups: weights.Groups4 | None = None) -> "GroupedWeights":
+        """``weight`` (float32 ``[n, k]``; ``groups``: already quantised) in 4-bit groups
+        (``weights.Groups4.for_kernels_c``) for ``int4_matmul``."""
         if weight.shape[1] % GROUP:
             raise ValueError(f"4-bit groups of {tuple(weight.shape)}: not a multiple of {GROUP} inputs")
-        return GroupedWeights(self.functions["int4_matmul"], weight.shape[1], weights.int4_native(weight))
+        laid_out = (groups or weights.Groups4.of(weight)).for_kernels_c()
+        return GroupedWeights(self.functions["int4_matmul"], weight.shape[1], laid_out)
 
 
 class GroupedWeights:
@@ -158,10 +160,6 @@ class GroupedWeights:
         self._function, self.k, self.n = function, k, tensors[0].shape[0]
         self._tensors = tuple(t.contiguous() for t in tensors)  # kept: the pointers point into them
         self._pointers = [t.data_ptr() for t in self._tensors]
-
-    def usable(self) -> bool:
-        """Whether it beats torch's 4-bit kernel now (torch on one thread)."""
-        return runs_here("int8")
 
     def __call__(self, x: Tensor) -> Tensor:
         if x.dtype != torch.float32 or not x.is_contiguous():

@@ -169,9 +169,8 @@ def _layers(dtype: torch.dtype, packed_rows: int,
         if weights.can_prepack(dtype):
             dense.prepack(PREFILL_ROWS)
         packed = weights.Linear(dense.weight.detach())
-        packed.pack_int4(dense.weight.detach().float(), packed_rows)
-        if native is not None:
-            packed.use_native(native.int4_weights(dense.weight.detach().float()))
+        source = dense.weight.detach().float()
+        packed.pack_int4(source, packed_rows, native=None if native is None else native.int4_weights(source))
         layers.append((dense, packed))
     return layers
 

@@ -9,15 +9,18 @@
   the bytes of float32 weights and a quarter of bfloat16 ones. Its only vectorised path takes
   bfloat16 activations, scales and zero points, so a float32 model's decoding products run in
   bfloat16 too, their sums in float32.
-- The same 4-bit groups through ``kernels.c`` (``use_native``, where it is built with AVX512-VNNI and
-  torch runs on one thread): the inputs quantised to 8 bits per 32 and multiplied with the codes as
-  integers, as llama.cpp does, rather than every weight converted to float.
+- The same 4-bit groups through ``kernels.c`` instead (``pack_int4``'s ``native``, where it is built
+  with AVX2 or AVX512-VNNI and torch runs on one thread when the model is packed): the inputs
+  quantised to 8 bits per 32 and multiplied with the codes as integers, as llama.cpp does, rather
+  than every weight converted to float. Then torch's packing is not made at all (it cost a worker's
+  start seconds and a second copy of the codes).
 - 8-bit groups (``pack_int8``, CPU), as GGUF's Q8_0 holds them (codes -127..127 and a scale per
   group): torch has no kernel for them, so each code is split into its two 4-bit halves and the
   same 4-bit kernel runs one product over the inputs twice, the high halves' groups scaled by 16:
   every weight comes back as its code times its (bfloat16) scale, and the sum is rounded once.
 """
 
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
@@ -29,8 +32,6 @@ GROUP = 32  # inputs per scale of 4-bit weights (as in GGUF's Q4 formats)
 
 class NativeProduct(Protocol):
     """A product ``kernels.c`` runs on its own copy of the weights (``kernels.GroupedWeights``)."""
-
-    def usable(self) -> bool: ...
 
     def __call__(self, x: Tensor) -> Tensor: ...
 
@@ -59,12 +60,17 @@ class Linear(nn.Module):
         self.int4_rows = 0
         self.merge_rows = 0  # decoding rows a dense chunk product takes along (``forward``)
         self.inputs_twice = False  # 8-bit groups: the inputs go in twice (``pack_int8``)
-        self.native: NativeProduct | None = None  # the 4-bit groups through kernels.c (``use_native``)
+        self.native: NativeProduct | None = None  # the 4-bit groups through kernels.c (``pack_int4``)
+
+    @property
+    def packed(self) -> bool:
+        """Whether products of up to ``int4_rows`` rows run on 4-bit or 8-bit groups."""
+        return self.int4 is not None or self.native is not None
 
     @property
     def packing(self) -> str:
         """What the decoding products run on, in words."""
-        return "dense weights" if self.int4 is None else "8-bit groups" if self.inputs_twice else "4-bit groups"
+        return "dense weights" if not self.packed else "8-bit groups" if self.inputs_twice else "4-bit groups"
 
     def prepack(self, rows_hint: int) -> None:
         """Lay the weights out for the CPU's matrix library, for products of about ``rows_hint`` rows
@@ -75,22 +81,25 @@ class Linear(nn.Module):
         else:
             self.prepacked = torch.ops.mkl._mkl_reorder_linear_weight(self.weight, rows_hint)
 
-    def pack_int4(self, source: Tensor, rows: int, merge_rows: int = 0) -> None:
-        """4-bit groups of ``source`` (this layer's weights in float32) for products of at most
-        ``rows`` rows; a dense product of prompt rows takes up to ``merge_rows`` decoding rows along."""
-        self.int4, scales_zeros = int4_groups(source)
-        self.scales_zeros = scales_zeros.to(torch.bfloat16)
+    def pack_int4(self, source: Tensor, rows: int, merge_rows: int = 0, native: NativeProduct | None = None,
+                  groups: "Groups4 | None" = None) -> None:
+        """4-bit groups of ``source`` (this layer's weights in float32; ``groups``: already quantised)
+        for products of at most ``rows`` rows, through ``native`` (``kernels.c``'s copy of them) where
+        given, else torch's kernel; a dense product of prompt rows takes up to ``merge_rows`` decoding
+        rows along."""
+        if native is None:
+            self.int4, scales_zeros = (groups or Groups4.of(source)).for_torch()
+            self.scales_zeros = scales_zeros.to(torch.bfloat16)
+        self.native = native
         self.int4_rows = rows
         self.merge_rows = merge_rows
 
-    def use_native(self, product: NativeProduct) -> None:
-        """Decoding products on the 4-bit groups run through ``product`` where it is usable."""
-        self.native = product
-
-    def pack_int8(self, source: Tensor, rows: int) -> None:
-        """8-bit groups of ``source`` (``int8_groups``) for products of at most ``rows`` rows."""
-        self.int4, scales_zeros = int8_groups(source)
-        self.scales_zeros = scales_zeros.to(torch.bfloat16)
+    def pack_int8(self, source: Tensor, rows: int, groups: "Groups8 | None") -> None:
+        """8-bit groups of ``source`` (``groups``: quantised; None where ``kernels.c`` multiplies their
+        codes, not this layer: ``Decoder._int8_logits``) for products of at most ``rows`` rows."""
+        if groups is not None:
+            self.int4, scales_zeros = groups.for_torch()
+            self.scales_zeros = scales_zeros.to(torch.bfloat16)
         self.int4_rows = rows
         self.inputs_twice = True
 
@@ -105,7 +114,7 @@ class Linear(nn.Module):
         weights' dtype; without it, a 4-bit product stays in bfloat16 (for a caller that adds it to a
         float32 sum anyway: one operator fewer)."""
         rows = x.shape[0]
-        if self.int4 is not None and self.int4_rows < rows and 0 < decoding < rows:
+        if self.packed and self.int4_rows < rows and 0 < decoding < rows:
             chunk_dense = rows - decoding > self.int4_rows
             if decoding > self.int4_rows or (chunk_dense and decoding <= self.merge_rows):
                 return self._dense(x)
@@ -113,7 +122,7 @@ class Linear(nn.Module):
         return self._product(x, cast)
 
     def _product(self, x: Tensor, cast: bool = True) -> Tensor:
-        if self.int4 is not None and x.shape[0] <= self.int4_rows:
+        if self.packed and x.shape[0] <= self.int4_rows:
             return self._int4(x, cast)
         return self._dense(x)
 
@@ -128,10 +137,10 @@ class Linear(nn.Module):
         return y
 
     def _int4(self, x: Tensor, cast: bool) -> Tensor:
-        assert self.int4 is not None and self.scales_zeros is not None
-        if self.native is not None and self.native.usable():
+        if self.native is not None:
             y = self.native(x)  # float32
         else:
+            assert self.int4 is not None and self.scales_zeros is not None
             y = int4_product(x, self.int4, self.scales_zeros, self.inputs_twice)
         if cast:
             y = y.to(self.weight.dtype)
@@ -147,90 +156,122 @@ def int4_product(x: Tensor, codes: Tensor, scales_zeros: Tensor, inputs_twice: b
     return torch._weight_int4pack_mm_for_cpu(x, codes, GROUP, scales_zeros)
 
 
+@dataclass(frozen=True)
+class Groups4:
+    """A weight's 4-bit groups as llama.cpp's Q4_1 quantises (``w = code * scale + low``, codes 0..15,
+    each group's range in 15 steps, so that a Q4_1 GGUF's weights come back exactly): quantised once
+    (a worker's start packs 120 of SmolLM2's), then checked and laid out for each kernel from that.
+    ``codes`` ``[rows, groups, GROUP]`` (float32), ``scale`` and ``low`` ``[rows, groups]``."""
+
+    codes: Tensor
+    scale: Tensor
+    low: Tensor
+
+    @classmethod
+    def of(cls, weight: Tensor) -> "Groups4":
+        rows, cols = weight.shape
+        groups = weight.float().view(rows, cols // GROUP, GROUP)
+        low, high = groups.amin(-1), groups.amax(-1)
+        scale = ((high - low) / 15).clamp(min=torch.finfo(torch.float32).tiny)
+        return cls(((groups - low[..., None]) / scale[..., None]).round().clamp(0, 15), scale, low)
+
+    def exact(self, weight: Tensor) -> bool:
+        """Whether they represent ``weight`` (float32) exactly, as torch's kernel restores them."""
+        zero = self.low + 8 * self.scale
+        restored = (self.codes - 8) * self.scale[..., None] + zero[..., None]
+        return bool(torch.equal(restored.view(weight.shape), weight))
+
+    def for_torch(self) -> tuple[Tensor, Tensor]:
+        """Packed for torch's CPU kernel, with each group's scale and zero point ``[groups, rows, 2]``
+        (float32): ``w = (code - 8) * scale + zero``."""
+        rows, groups, _ = self.codes.shape
+        scales_zeros = torch.stack([self.scale, self.low + 8 * self.scale], dim=-1).transpose(0, 1).contiguous()
+        codes = self.codes.view(rows, groups * GROUP).to(torch.int32)
+        return torch._convert_weight_to_int4pack_for_cpu(codes, 1), scales_zeros
+
+    def for_kernels_c(self) -> tuple[Tensor, Tensor, Tensor]:
+        """Laid out for ``kernels.c``'s ``int4_product``: codes packed two groups to 32 bytes (byte ``j``:
+        code ``j`` of the first group, low nibble, and of the second; a last odd group in 16 bytes, byte
+        ``j``: codes ``j`` and ``j + 16``), scales and minimums ``[rows, groups]``."""
+        rows, groups, _ = self.codes.shape
+        codes = self.codes.to(torch.uint8)
+        pairs = groups // 2
+        packed = codes[:, :2 * pairs].view(rows, pairs, 2, GROUP)
+        parts = [(packed[:, :, 0] | (packed[:, :, 1] << 4)).view(rows, pairs * GROUP)]
+        if groups % 2:
+            last = codes[:, -1]
+            parts.append(last[:, :16] | (last[:, 16:] << 4))
+        return torch.cat(parts, dim=1).contiguous(), self.scale.contiguous(), self.low.contiguous()
+
+
 def on_int4_grid(weight: Tensor) -> bool:
     """Whether 4-bit groups represent ``weight`` (float32) exactly."""
-    codes, scales_zeros = _quantize(weight)
-    scale, zero = scales_zeros[..., 0].transpose(0, 1), scales_zeros[..., 1].transpose(0, 1)
-    rows, cols = weight.shape
-    restored = (codes.view(rows, cols // GROUP, GROUP) - 8) * scale[..., None] + zero[..., None]
-    return bool(torch.equal(restored.view(rows, cols), weight))
+    return Groups4.of(weight).exact(weight)
+
+
+@dataclass(frozen=True)
+class Groups8:
+    """A weight's 8-bit groups as llama.cpp's Q8_0 quantises (``w = code * scale``, codes -127..127 per
+    group of ``GROUP``): quantised once, then checked and laid out from that. ``values``: the codes
+    ``[rows, groups, GROUP]`` (float32), ``scale`` ``[rows, groups]``."""
+
+    values: Tensor
+    scale: Tensor
+
+    @classmethod
+    def of(cls, weight: Tensor) -> "Groups8":
+        rows, cols = weight.shape
+        groups = weight.float().view(rows, cols // GROUP, GROUP)
+        scale = (groups.abs().amax(-1) / 127).clamp(min=torch.finfo(torch.float32).tiny)
+        return cls((groups / scale[..., None]).round().clamp(-127, 127), scale)
+
+    def exact(self, weight: Tensor) -> bool:
+        """Whether they represent ``weight`` (float32) exactly."""
+        return bool(torch.equal((self.values * self.scale[..., None]).view(weight.shape), weight))
+
+    def codes(self) -> tuple[Tensor, Tensor]:
+        """The codes ``[rows, cols]`` (int8) and scales ``[rows, groups]`` (float32): a quarter of the
+        float32 weights' bytes, from which any of their rows comes back exactly."""
+        rows, groups, _ = self.values.shape
+        return self.values.view(rows, groups * GROUP).to(torch.int8), self.scale
+
+    def for_torch(self) -> tuple[Tensor, Tensor]:
+        """Laid out for torch's 4-bit kernel over the inputs twice: ``code + 128 = 16 * high + low``, the
+        high halves in the first ``cols`` columns (scale ``16 * scale``, zero ``8 * scale``), the low
+        ones in the next (scale ``scale``, zero 0), so that the two add up to ``code * scale`` (each
+        ``(half - 8) * scale + zero``). Returns the packed codes and ``[2 * groups, rows, 2]`` scales and
+        zeros (float32)."""
+        rows, groups, _ = self.values.shape
+        shifted = (self.values + 128).view(rows, groups * GROUP).to(torch.int32)
+        halves = torch.cat((shifted // 16, shifted % 16), dim=1)
+        scale = self.scale.transpose(0, 1)  # [groups, rows]
+        scales_zeros = torch.cat((torch.stack([16 * scale, 8 * scale], dim=-1),
+                                  torch.stack([scale, torch.zeros_like(scale)], dim=-1))).contiguous()
+        return torch._convert_weight_to_int4pack_for_cpu(halves, 1), scales_zeros
 
 
 def on_int8_grid(weight: Tensor) -> bool:
-    """Whether 8-bit groups (``int8_groups``) represent ``weight`` (float32) exactly."""
-    codes, scale = _quantize8(weight)
-    rows, cols = weight.shape
-    return bool(torch.equal((codes * scale[..., None]).view(rows, cols), weight))
+    """Whether 8-bit groups (``Groups8``) represent ``weight`` (float32) exactly."""
+    return Groups8.of(weight).exact(weight)
 
 
 def int8_groups(weight: Tensor) -> tuple[Tensor, Tensor]:
-    """8-bit codes of each group of ``GROUP`` inputs as llama.cpp's Q8_0 quantises (``code * scale``,
-    codes -127..127), laid out for the 4-bit kernel over the inputs twice: ``code + 128 = 16 * high +
-    low``, the high halves in the first ``cols`` columns (scale ``16 * scale``, zero ``8 * scale``),
-    the low ones in the next (scale ``scale``, zero 0), so that the two add up to ``code * scale``
-    (each ``(half - 8) * scale + zero``). Returns the packed codes and ``[2 * groups, rows, 2]`` scales
-    and zeros (float32)."""
-    codes, scale = _quantize8(weight)
-    rows, cols = weight.shape
-    shifted = (codes + 128).view(rows, cols).to(torch.int32)
-    halves = torch.cat((shifted // 16, shifted % 16), dim=1)
-    scale = scale.transpose(0, 1)  # [groups, rows]
-    scales_zeros = torch.cat((torch.stack([16 * scale, 8 * scale], dim=-1),
-                              torch.stack([scale, torch.zeros_like(scale)], dim=-1))).contiguous()
-    return torch._convert_weight_to_int4pack_for_cpu(halves, 1), scales_zeros
+    """8-bit groups of ``weight`` laid out for torch's 4-bit kernel over the inputs twice
+    (``Groups8.for_torch``)."""
+    return Groups8.of(weight).for_torch()
 
 
 def int8_codes(weight: Tensor) -> tuple[Tensor, Tensor]:
-    """The 8-bit codes ``[rows, cols]`` (int8) and scales ``[rows, groups]`` (float32) of ``int8_groups``:
-    a quarter of the float32 weights' bytes, from which any of their rows comes back exactly."""
-    codes, scale = _quantize8(weight)
-    return codes.view(weight.shape).to(torch.int8), scale
-
-
-def _quantize8(weight: Tensor) -> tuple[Tensor, Tensor]:
-    """Codes -127..127 ``[rows, groups, GROUP]`` (float32) and each group's scale ``[rows, groups]``."""
-    rows, cols = weight.shape
-    groups = weight.float().view(rows, cols // GROUP, GROUP)
-    scale = (groups.abs().amax(-1) / 127).clamp(min=torch.finfo(torch.float32).tiny)
-    return (groups / scale[..., None]).round().clamp(-127, 127), scale
+    """The 8-bit codes (int8) and scales (float32) of ``weight`` (``Groups8.codes``)."""
+    return Groups8.of(weight).codes()
 
 
 def int4_groups(weight: Tensor) -> tuple[Tensor, Tensor]:
     """4-bit codes of each group of ``GROUP`` inputs, packed for torch's CPU kernel, and each group's
-    scale and zero point: ``w = (code - 8) * scale + zero``."""
-    codes, scales_zeros = _quantize(weight)
-    return torch._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32), 1), scales_zeros
-
-
-def _quantize(weight: Tensor) -> tuple[Tensor, Tensor]:
-    """Codes 0..15 ``[rows, cols]`` (float32) and ``[groups, rows, 2]`` scales and zeros (float32)
-    (``_q4_1``)."""
-    codes, scale, low = _q4_1(weight)
-    scales_zeros = torch.stack([scale, low + 8 * scale], dim=-1).transpose(0, 1).contiguous()
-    return codes.view(weight.shape), scales_zeros
-
-
-def _q4_1(weight: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """Codes 0..15 ``[rows, groups, GROUP]`` (float32), each group's scale and minimum ``[rows, groups]``:
-    each group's range in 15 steps, as llama.cpp's Q4_1 quantises (so its weights come back exactly)."""
-    rows, cols = weight.shape
-    groups = weight.float().view(rows, cols // GROUP, GROUP)
-    low, high = groups.amin(-1), groups.amax(-1)
-    scale = ((high - low) / 15).clamp(min=torch.finfo(torch.float32).tiny)
-    return ((groups - low[..., None]) / scale[..., None]).round().clamp(0, 15), scale, low
+    scale and zero point: ``w = (code - 8) * scale + zero`` (``Groups4.for_torch``)."""
+    return Groups4.of(weight).for_torch()
 
 
 def int4_native(weight: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """4-bit groups of ``weight`` for ``kernels.c``'s ``int4_product``: codes packed two groups to 32
-    bytes (byte ``j``: code ``j`` of the first group, low nibble, and of the second; a last odd group
-    in 16 bytes, byte ``j``: codes ``j`` and ``j + 16``), scales and minimums ``[rows, groups]``."""
-    codes, scale, low = _q4_1(weight)
-    rows, groups, _ = codes.shape
-    codes = codes.to(torch.uint8)
-    pairs = groups // 2
-    packed = codes[:, :2 * pairs].view(rows, pairs, 2, GROUP)
-    parts = [(packed[:, :, 0] | (packed[:, :, 1] << 4)).view(rows, pairs * GROUP)]
-    if groups % 2:
-        last = codes[:, -1]
-        parts.append(last[:, :16] | (last[:, 16:] << 4))
-    return torch.cat(parts, dim=1).contiguous(), scale.contiguous(), low.contiguous()
+    """4-bit groups of ``weight`` for ``kernels.c``'s ``int4_product`` (``Groups4.for_kernels_c``)."""
+    return Groups4.of(weight).for_kernels_c()

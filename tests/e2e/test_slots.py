@@ -454,7 +454,7 @@ def torch_but_the_products(decoder: Decoder) -> None:
 
 def test_on_one_thread_the_8_bit_output_layer_runs_through_kernels_c(tmp_path: Path,
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    """With AVX512-VNNI and one thread, the output layer's 8-bit codes multiply inputs quantised to
+    """With AVX2 or AVX512-VNNI and one thread, the output layer's 8-bit codes multiply inputs quantised to
     8 bits per 32 (``kernels.c``) instead of the 4-bit kernel run twice: about as close to the exact
     logits, the highest refined to exactly the dense model's, the same greedy tokens."""
     built = vectorised_kernels(tmp_path)
@@ -486,7 +486,7 @@ def test_on_one_thread_the_8_bit_output_layer_runs_through_kernels_c(tmp_path: P
 
 
 def test_on_one_thread_the_4_bit_layers_run_through_kernels_c(tmp_path: Path) -> None:
-    """With AVX512-VNNI and one thread, the layers' 4-bit groups multiply inputs quantised to 8 bits
+    """With AVX2 or AVX512-VNNI and one thread, the layers' 4-bit groups multiply inputs quantised to 8 bits
     per 32 (``kernels.c``, as llama.cpp does): about as close to the exact logits as torch's 4-bit
     kernel with its bfloat16 inputs (here closer: 4.3% against 5.3%; with either, this model's greedy
     tokens leave the dense model's within 16)."""

@@ -290,8 +290,8 @@ class Decoder(nn.Module):
     def _int8_logits(self, hidden: Tensor) -> Tensor | None:
         """The output layer's logits from its 8-bit codes through ``kernels.c`` (its inputs quantised to
         8 bits per 32: about as close as the 4-bit kernel's bfloat16 inputs, and refined the same way),
-        where it runs faster than the 4-bit kernel run twice (AVX512-VNNI, one thread, as few rows as
-        that packing takes); None elsewhere."""
+        where it runs faster than the 4-bit kernel run twice (AVX2 or AVX512-VNNI, one thread, as few
+        rows as that packing takes); None elsewhere."""
         built, codes = self._kernels, self._output_codes
         if built is None or codes is None or not built.products_run_here() or torch.compiler.is_compiling() \
                 or hidden.shape[0] > self.lm_head.int4_rows:

@@ -6,7 +6,7 @@ product on its 8-bit codes (``Kernels.int8_weights``; torch has no kernel for 8-
 ``weights.int8_groups`` runs its 4-bit one twice instead) and the layers' products on 4-bit groups
 (``Kernels.int4_weights``; torch's kernel takes bfloat16 inputs and converts every weight to
 float). Both products quantise their inputs to 8 bits per 32, as llama.cpp does, and multiply the
-codes as integers (AVX512-VNNI). Three more cost far more through torch than their arithmetic: the RMS
+codes as integers (AVX512-VNNI, else AVX2's byte products). Three more cost far more through torch than their arithmetic: the RMS
 norm of the float32 residual (``Kernels.rms_norm``), the rotation of queries and keys with the cache
 writes (``Kernels.rope_store``) and the MLP's activation (``Kernels.silu_mul``). All are
 single-threaded C.
@@ -68,7 +68,7 @@ class Kernels:
             function.argtypes = argtypes
             function.restype = ctypes.c_int
             self.functions[name] = function
-        # built with AVX512-VNNI (this CPU has it): otherwise the products are plain C, slower than torch's
+        # built with AVX512-VNNI or AVX2 (this CPU has it): otherwise the products are plain C, slower than torch's
         self.int8_vectorised = bool(self.functions["int8_vectorised"]())
 
     def products_run_here(self) -> bool:

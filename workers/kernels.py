@@ -6,10 +6,10 @@ product on its 8-bit codes (``Kernels.int8_weights``; torch has no kernel for 8-
 ``weights.int8_groups`` runs its 4-bit one twice instead) and the layers' products on 4-bit groups
 (``Kernels.int4_weights``; torch's kernel takes bfloat16 inputs and converts every weight to
 float). Both products quantise their inputs to 8 bits per 32, as llama.cpp does, and multiply the
-codes as integers (AVX512-VNNI, else AVX2's byte products). Three more cost far more through torch than their arithmetic: the RMS
-norm of the float32 residual (``Kernels.rms_norm``), the rotation of queries and keys with the cache
-writes (``Kernels.rope_store``) and the MLP's activation (``Kernels.silu_mul``). All are
-single-threaded C.
+codes as integers (AVX512-VNNI, else AVX2's byte products). Three more cost far more through torch
+than their arithmetic: the RMS norm of the float32 residual (``Kernels.rms_norm``), the rotation of
+queries and keys with the cache writes (``Kernels.rope_store``) and the MLP's activation
+(``Kernels.silu_mul``). All are single-threaded C.
 
 They are compiled with the system C compiler (``$CC``, else ``cc``) for this CPU (``-march=native``;
 ``-ffast-math`` for glibc's vectorised ``expf``), once per source, build recipe, compiler and CPU, into

@@ -24,6 +24,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
@@ -118,14 +119,29 @@ static inline void prefetch_row(const void *row, int64_t bytes) {
     for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch((const char *)row + b);
 }
 
+/* Whether a head's keys and values (`bytes` of both) fit in half this core's L2 (sysconf; 0 where
+   it does not say), so that values fetched while the keys are read are still there for the sums. */
+static int values_early(int64_t bytes) {
+    static int64_t l2 = -1; /* a race between threads writes the same value */
+    if (l2 < 0) {
+        long size = sysconf(_SC_LEVEL2_CACHE_SIZE);
+        l2 = size > 0 ? size : 0;
+    }
+    return bytes <= l2 / 2;
+}
+
 /* One key head: its GRP queries against `length` keys and values (DIM apart). GRP and DIM constant
    let the compiler keep a row and the sums of every query in registers (a third faster than with
    the group a variable); the last variant takes both as variables. Each key and value is read once
-   for all queries of the head. While the keys are read, the values of the same positions and the
-   keys PREFETCH_AHEAD positions on are fetched too: reading from memory (a long sequence's keys and
-   values are not in the caches), two streams at once took 15% (one row at 1,500 positions) to 25%
-   (8 rows at 1,000) off this function's time; in whole steps, 8 streams at ~1,000 positions ran 6-9%
-   faster, one stream no faster (the weights' traffic beside it). */
+   for all queries of the head. While the keys are read, the keys PREFETCH_AHEAD positions on are
+   fetched too, and so are the values of the same positions where keys and values fit in half the
+   L2 together (values_early): reading from memory (a long sequence's keys and values are not in the
+   caches), two streams at once took 15% (one row at 1,500 positions) to 25% (8 rows at 1,000) off
+   this function's time on a 2 MB L2; in whole steps, 8 streams at ~1,000 positions ran 6-9% faster,
+   one stream no faster (the weights' traffic beside it). Where they do not fit (float32 at 1,500
+   positions: 768 KB against a 512 KB L2), the values fetched early were gone again by the sums
+   pass, which read them from memory a second time: there the values are fetched ahead in that pass
+   instead, a quarter off the attention of a one-stream step at 1,500 positions. */
 #define DEFINE_HEAD(NAME, T, LOAD, STORE, DIM, DIMS, GRP, GRPS)                                      \
     static void NAME(const T *q, const T *k, const T *v, int64_t length, int64_t group, int64_t d, \
                      float scale, float *scores, int64_t stride, T *out) {                         \
@@ -134,9 +150,10 @@ static inline void prefetch_row(const void *row, int64_t bytes) {
         float qf[GRPS][DIMS];                                                                      \
         for (int64_t g = 0; g < GRP; g++)                                                          \
             for (int64_t i = 0; i < DIM; i++) qf[g][i] = LOAD(q[g * DIM + i]) * scale;              \
+        int early = values_early(2 * length * DIM * (int64_t)sizeof(T));                           \
         for (int64_t t = 0; t < length; t++) {                                                     \
             float row[DIMS];                                                                       \
-            prefetch_row(v + t * DIM, DIM * (int64_t)sizeof(T));                                    \
+            if (early) prefetch_row(v + t * DIM, DIM * (int64_t)sizeof(T));                         \
             prefetch_row(k + (t + PREFETCH_AHEAD) * DIM, DIM * (int64_t)sizeof(T));                 \
             for (int64_t i = 0; i < DIM; i++) row[i] = LOAD(k[t * DIM + i]);                        \
             for (int64_t g = 0; g < GRP; g++) {                                                    \
@@ -151,6 +168,7 @@ static inline void prefetch_row(const void *row, int64_t bytes) {
             for (int64_t i = 0; i < DIM; i++) acc[g][i] = 0.0f;                                    \
         for (int64_t t = 0; t < length; t++) {                                                     \
             float row[DIMS];                                                                       \
+            if (!early) prefetch_row(v + (t + PREFETCH_AHEAD) * DIM, DIM * (int64_t)sizeof(T));     \
             for (int64_t i = 0; i < DIM; i++) row[i] = LOAD(v[t * DIM + i]);                        \
             for (int64_t g = 0; g < GRP; g++) {                                                    \
                 float p = scores[g * stride + t];                                                  \

@@ -36,7 +36,7 @@ from workers.attention import DecodeAttention, decode_attention
 from workers.cudagraphs import StepGraphs
 from workers.kvslots import KvSlots, StepPlan
 from workers.layers import Layer, NativeNorm, norm
-from workers.weights import GROUP, Groups4, Groups8, Linear, frozen
+from workers.weights import GROUP, Groups4, Groups8, Linear, NativeProduct, frozen
 
 logger = logging.getLogger(__name__)
 
@@ -175,15 +175,15 @@ class Decoder(nn.Module):
                           native is not None)
         if any(source.shape[1] % GROUP for _, source in sources):
             return False
-        packs = []  # all checked before any is packed: a model off the grid stays dense throughout
-        for linear, source in sources:
+        packs: list[tuple[Linear, NativeProduct | tuple[Tensor, Tensor]]] = []
+        for linear, source in sources:  # all checked before any is packed: off the grid, all stay dense
             groups = Groups4.of(source)
             if lossless_only and not groups.exact(source):
                 return False
             # kernels.c's copy where it runs the products, else torch's (never both: memory and time)
-            packs.append((linear, source, groups, None if native is None else native.int4_weights(source, groups)))
-        for linear, source, groups, product in packs:
-            linear.pack_int4(source, rows, merge_rows, product, groups)
+            packs.append((linear, groups.for_torch() if native is None else native.int4_weights(source, groups)))
+        for linear, packed in packs:
+            linear.pack_int4(packed, rows, merge_rows)
         return True
 
     def _pack_output(self, source: Tensor, rows: int, lossless_only: bool, native: bool) -> None:
@@ -199,7 +199,7 @@ class Decoder(nn.Module):
         exact: tuple[Tensor, Tensor | None] = (source, None)
         four = Groups4.of(source)
         if four.exact(source):
-            self.lm_head.pack_int4(source, rows, groups=four)
+            self.lm_head.pack_int4(four.for_torch(), rows)
         elif (eight := Groups8.of(source)).exact(source):
             self.lm_head.pack_int8(source, max(1, rows // 2), None if native else eight)
             exact = self._output_codes = eight.codes()

@@ -170,7 +170,8 @@ def _layers(dtype: torch.dtype, packed_rows: int,
             dense.prepack(PREFILL_ROWS)
         packed = weights.Linear(dense.weight.detach())
         source = dense.weight.detach().float()
-        packed.pack_int4(source, packed_rows, native=None if native is None else native.int4_weights(source))
+        packed.pack_int4(weights.Groups4.of(source).for_torch() if native is None else native.int4_weights(source),
+                         packed_rows)
         layers.append((dense, packed))
     return layers
 

@@ -81,16 +81,16 @@ class Linear(nn.Module):
         else:
             self.prepacked = torch.ops.mkl._mkl_reorder_linear_weight(self.weight, rows_hint)
 
-    def pack_int4(self, source: Tensor, rows: int, merge_rows: int = 0, native: NativeProduct | None = None,
-                  groups: "Groups4 | None" = None) -> None:
-        """4-bit groups of ``source`` (this layer's weights in float32; ``groups``: already quantised)
-        for products of at most ``rows`` rows, through ``native`` (``kernels.c``'s copy of them) where
-        given, else torch's kernel; a dense product of prompt rows takes up to ``merge_rows`` decoding
-        rows along."""
-        if native is None:
-            self.int4, scales_zeros = (groups or Groups4.of(source)).for_torch()
+    def pack_int4(self, packed: NativeProduct | tuple[Tensor, Tensor], rows: int, merge_rows: int = 0) -> None:
+        """Products of at most ``rows`` rows on this layer's 4-bit groups: ``packed``, ``kernels.c``'s
+        product on its copy of them or their packing for torch's kernel (``Groups4.for_torch``); a
+        dense product of prompt rows takes up to ``merge_rows`` decoding rows along."""
+        if isinstance(packed, tuple):
+            self.int4, scales_zeros = packed
             self.scales_zeros = scales_zeros.to(torch.bfloat16)
-        self.native = native
+            self.native = None
+        else:
+            self.native = packed
         self.int4_rows = rows
         self.merge_rows = merge_rows
 
@@ -148,7 +148,7 @@ class Linear(nn.Module):
 
 
 def int4_product(x: Tensor, codes: Tensor, scales_zeros: Tensor, inputs_twice: bool = False) -> Tensor:
-    """``x @ w.T`` of 4-bit weights (``int4_groups``, scales and zeros in bfloat16; ``inputs_twice``:
+    """``x @ w.T`` of 4-bit weights (``Groups4.for_torch``, scales and zeros in bfloat16; ``inputs_twice``:
     8-bit groups, ``int8_groups``), in bfloat16."""
     x = x.to(torch.bfloat16)
     if inputs_twice:
@@ -264,12 +264,6 @@ def int8_groups(weight: Tensor) -> tuple[Tensor, Tensor]:
 def int8_codes(weight: Tensor) -> tuple[Tensor, Tensor]:
     """The 8-bit codes (int8) and scales (float32) of ``weight`` (``Groups8.codes``)."""
     return Groups8.of(weight).codes()
-
-
-def int4_groups(weight: Tensor) -> tuple[Tensor, Tensor]:
-    """4-bit codes of each group of ``GROUP`` inputs, packed for torch's CPU kernel, and each group's
-    scale and zero point: ``w = (code - 8) * scale + zero`` (``Groups4.for_torch``)."""
-    return Groups4.of(weight).for_torch()
 
 
 def int4_native(weight: Tensor) -> tuple[Tensor, Tensor, Tensor]:

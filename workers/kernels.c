@@ -11,7 +11,7 @@
    per weight, a scale per 32), the output layer's (workers/decoder.py); int4_product: one with
    4-bit groups as Q4_1 holds them (w = code * d + m, codes 0..15), the layers' (workers/weights.py).
    The inputs are quantised to 8 bits per 32 (int8_quantize, as llama.cpp does), so that AVX512-VNNI
-   multiplies the codes as integers.
+   (else AVX2's byte products) multiplies the codes as integers.
 
    rms_norm_f32: the RMS norm of float32 rows (the decoder's residual stream); rope_store_*: the
    rotation of a step's queries and keys and the writing of its keys and values into the cache;

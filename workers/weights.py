@@ -156,6 +156,12 @@ def int4_product(x: Tensor, codes: Tensor, scales_zeros: Tensor, inputs_twice: b
     return torch._weight_int4pack_mm_for_cpu(x, codes, GROUP, scales_zeros)
 
 
+def in_groups(weight: Tensor) -> Tensor:
+    """``weight`` ``[rows, cols]`` as float32 ``[rows, cols / GROUP, GROUP]``."""
+    rows, cols = weight.shape
+    return weight.float().view(rows, cols // GROUP, GROUP)
+
+
 @dataclass(frozen=True)
 class Groups4:
     """A weight's 4-bit groups as llama.cpp's Q4_1 quantises (``w = code * scale + low``, codes 0..15,
@@ -169,8 +175,7 @@ class Groups4:
 
     @classmethod
     def of(cls, weight: Tensor) -> "Groups4":
-        rows, cols = weight.shape
-        groups = weight.float().view(rows, cols // GROUP, GROUP)
+        groups = in_groups(weight)
         low, high = groups.amin(-1), groups.amax(-1)
         scale = ((high - low) / 15).clamp(min=torch.finfo(torch.float32).tiny)
         return cls(((groups - low[..., None]) / scale[..., None]).round().clamp(0, 15), scale, low)
@@ -220,8 +225,7 @@ class Groups8:
 
     @classmethod
     def of(cls, weight: Tensor) -> "Groups8":
-        rows, cols = weight.shape
-        groups = weight.float().view(rows, cols // GROUP, GROUP)
+        groups = in_groups(weight)
         scale = (groups.abs().amax(-1) / 127).clamp(min=torch.finfo(torch.float32).tiny)
         return cls((groups / scale[..., None]).round().clamp(-127, 127), scale)
 

@@ -189,9 +189,8 @@ class Decoder(nn.Module):
     def _pack_output(self, source: Tensor, rows: int, lossless_only: bool, native: bool) -> None:
         """The output layer on 4-bit or 8-bit groups, whichever holds its weights exactly (GGUF models
         mostly keep it in Q8_0); without ``lossless_only``, on 8-bit groups. An 8-bit product costs
-        two 4-bit ones, so it pays up to half as many rows. With ``native`` (``kernels.c`` runs the
-        products), 8-bit groups are kept as codes for it alone (``_int8_logits``), not packed for
-        torch's kernel too."""
+        two 4-bit ones, so it pays up to half as many rows. With ``native``, 8-bit groups are kept as
+        codes for ``kernels.c`` alone (``_int8_logits``), not packed for torch's kernel too."""
         if source.shape[1] % GROUP:
             return
         # where the dense copy is rounded (a bfloat16 model), the refinement reads the exact weights:
@@ -200,14 +199,13 @@ class Decoder(nn.Module):
         four = Groups4.of(source)
         if four.exact(source):
             self.lm_head.pack_int4(four.for_torch(), rows)
-        elif (eight := Groups8.of(source)).exact(source):
-            self.lm_head.pack_int8(source, max(1, rows // 2), None if native else eight)
-            exact = self._output_codes = eight.codes()
-        elif not lossless_only:
-            self.lm_head.pack_int8(source, max(1, rows // 2), None if native else eight)
-            self._output_codes = eight.codes()
         else:
-            return
+            on_grid = (eight := Groups8.of(source)).exact(source)
+            if lossless_only and not on_grid:
+                return
+            self.lm_head.pack_int8(max(1, rows // 2), None if native else eight)
+            self._output_codes = eight.codes()
+            exact = self._output_codes if on_grid else exact
         self._output_packed = True
         if self.lm_head.weight.dtype != torch.float32:
             self._exact_output = exact

@@ -94,9 +94,9 @@ class Linear(nn.Module):
         self.int4_rows = rows
         self.merge_rows = merge_rows
 
-    def pack_int8(self, source: Tensor, rows: int, groups: "Groups8 | None") -> None:
-        """8-bit groups of ``source`` (``groups``: quantised; None where ``kernels.c`` multiplies their
-        codes, not this layer: ``Decoder._int8_logits``) for products of at most ``rows`` rows."""
+    def pack_int8(self, rows: int, groups: "Groups8 | None") -> None:
+        """This layer's 8-bit ``groups`` (None where ``kernels.c`` multiplies their codes, not this
+        layer: ``Decoder._int8_logits``) for products of at most ``rows`` rows."""
         if groups is not None:
             self.int4, scales_zeros = groups.for_torch()
             self.scales_zeros = scales_zeros.to(torch.bfloat16)

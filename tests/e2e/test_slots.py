@@ -502,6 +502,9 @@ def test_on_one_thread_the_4_bit_layers_run_through_kernels_c(tmp_path: Path) ->
         torch_but_the_products(through_c)  # the products alone differ
         assert through_c.pack_int4(exact, rows=4, lossless_only=True)
         assert all(layer.qkv.native is not None and layer.down.native is not None for layer in through_c.typed_layers)
+        # packed for the kernel that runs the products only: no second copy for torch's kernel
+        assert all(layer.qkv.int4 is None and layer.down.int4 is None for layer in through_c.typed_layers)
+        assert through_torch.typed_layers[0].qkv.int4 is not None
         assert through_torch.typed_layers[0].qkv.native is None
         got, baseline = forced_logits(through_c, prompt, tokens), forced_logits(through_torch, prompt, tokens)
     assert not torch.equal(got, baseline)  # the products did run through kernels.c

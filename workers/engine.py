@@ -64,7 +64,8 @@ class Engine:
         vocab = max(self.model.vocab, Tokenizer.from_str(loaded.card.tokenizer_json).get_vocab_size())
         self._scheduler = Scheduler(self.model, TokenChooser(self.model.slots, vocab, loaded.device),
                                     spec.context_window, spec.id,
-                                    reuse_prefixes=spec.reuse_prefixes and self.model.keeps_prefixes)
+                                    reuse_prefixes=spec.reuse_prefixes and self.model.keeps_prefixes,
+                                    copy_beside_steps=loaded.device.type == "cpu")
         self._warm = threading.Event()
         self._warm_error: BaseException | None = None
 

@@ -6,7 +6,11 @@ in the same model call. While others decode, a step takes only as many prompt to
 ``STALL`` decoding steps (measured as it runs, attention deep in a prompt included: ``ChunkCost``),
 so a long prompt joins over several steps instead of stalling everyone for its whole length; a
 sequence whose prompt is complete gets its first token from its last chunk. A sequence whose
-context begins with tokens a slot already holds starts after them (``workers.prefixes``).
+context begins with tokens a slot already holds starts after them (``workers.prefixes``). Where
+that takes copies between slots while others run, and the model is on a CPU, the copies run on a
+thread of their own and the sequence takes its slot at the first step after they are done: a long
+prefix copied into memory not committed yet took 50-110 ms, which every running stream waited for
+when the copies ran between two steps.
 
 The thread runs steps back to back and hands each step's tokens to the event loop, at most
 ``AHEAD`` steps ahead of it: the next step is under way while the events of the last one are
@@ -23,6 +27,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -79,8 +84,9 @@ class _Running:
 
 class Scheduler:
     def __init__(self, model: SlotModel, chooser: TokenChooser, context_window: int, name: str,
-                 reuse_prefixes: bool = False) -> None:
-        """``reuse_prefixes``: start sequences from the prefixes slots hold (the model must keep them)."""
+                 reuse_prefixes: bool = False, copy_beside_steps: bool = False) -> None:
+        """``reuse_prefixes``: start sequences from the prefixes slots hold (the model must keep them);
+        ``copy_beside_steps``: their copies between slots run beside the steps of others (a CPU's)."""
         self.model = model
         self.chooser = chooser
         self.window = context_window
@@ -95,6 +101,8 @@ class Scheduler:
         self._running: dict[int, _Running] = {}  # by slot, in order of admission
         self._free = list(range(model.slots))
         self._prefixes = Prefixes(model.slots) if reuse_prefixes else None
+        self._copier = ThreadPoolExecutor(1, f"copies-{name}") if reuse_prefixes and copy_beside_steps else None
+        self._copying: tuple[_Running, Future[None]] | None = None  # a sequence waiting for its copies
         self._decode_seconds: float | None = None  # the median of the recent decoding steps
         self._decode_recent: deque[float] = deque(maxlen=DECODE_STEPS)
         self._chunk_cost = ChunkCost()
@@ -131,6 +139,8 @@ class Scheduler:
             self._cond.notify()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(timeout=30)
+        if self._copier is not None:
+            self._copier.shutdown(wait=True)
 
     # --- the model thread -----------------------------------------------------------------------
 
@@ -150,7 +160,8 @@ class Scheduler:
                 self._deliver(produced)
 
     def _ready(self) -> bool:
-        return self._closed or (self._ahead < AHEAD and bool(self._incoming or self._waiting or self._running))
+        return self._closed or (self._ahead < AHEAD and bool(self._incoming or self._waiting or self._running
+                                                             or self._copying))
 
     def _step(self) -> list[Produced]:
         self._drop_stopped()
@@ -188,39 +199,69 @@ class Scheduler:
             self._waiting = deque(seq for seq in self._waiting if seq.stop_requested is None)
 
     def _admit(self) -> list[Produced]:
-        """Waiting sequences take free slots, lowest first (rows ``0..B-1`` stay dense)."""
-        produced = []
-        while self._waiting and self._free:
+        """Waiting sequences take free slots, lowest first (rows ``0..B-1`` stay dense); one whose copies
+        run beside the steps waits for them, and the ones behind it wait too."""
+        produced = self._admit_copied()
+        while self._copying is None and self._waiting and self._free:
             seq = self._waiting.popleft()
             context, count = seq.context, len(seq.generated)
             if count >= seq.max_new_tokens or len(context) >= self.window:
                 produced.append(Produced(seq, None, Finish.LENGTH))  # a resumed sequence with nothing left to do
                 continue
             slot = heapq.heappop(self._free)
-            self._running[slot] = run = _Running(seq, slot, context, count)
-            self._reuse_prefix(run)
+            run = _Running(seq, slot, context, count)
+            copies = self._reuse_prefix(run)
+            if copies and self._running and self._copier is not None:
+                self._copying = run, self._copier.submit(self._copy, copies)
+            else:
+                self._copy(copies)
+                self._running[slot] = run
         return produced
 
-    def _reuse_prefix(self, run: _Running) -> None:
+    def _admit_copied(self) -> list[Produced]:
+        """The sequence whose copies ran beside the steps takes its slot once they are done (at once
+        where nobody else runs: there is nothing to step meanwhile)."""
+        if self._copying is None or (self._running and not self._copying[1].done()):
+            return []
+        run, copied = self._copying
+        self._copying = None
+        try:
+            copied.result()
+        except Exception as exc:
+            logger.exception("copying a prefix between slots failed")
+            self._prefixes = Prefixes(self.model.slots)  # the copies may have written part of a slot
+            heapq.heappush(self._free, run.slot)
+            return [Produced(run.seq, None, Finish.ERROR, exc)]
+        self._running[run.slot] = run
+        return []
+
+    def _copy(self, copies: list[tuple[int, int, int]]) -> None:
+        for source, target, length in copies:
+            self.model.copy_prefix(source, target, length)
+
+    def _reuse_prefix(self, run: _Running) -> list[tuple[int, int, int]]:
         """Start ``run`` after the longest prefix of its context that a slot holds (copied into its
         own slot from another one), having moved what its slot held aside where the run overwrites
-        enough of it (``Prefixes.spare``)."""
+        enough of it (``Prefixes.spare``). The copies (source, target, positions), in order, are the
+        caller's to make before the run's first step."""
         prefixes = self._prefixes
         if prefixes is None:
-            return
+            return []
         slot = run.slot
+        copies = []
         reuse = prefixes.best(slot, run.seq.prefix_scope, run.context)
         kept = reuse.length if reuse is not None and reuse.source == slot else 0
         spare = prefixes.spare(slot, (free for free in self._free if reuse is None or free != reuse.source), kept)
         if spare is not None:
-            self.model.copy_prefix(slot, spare, prefixes.length(slot))
+            copies.append((slot, spare, prefixes.length(slot)))
             prefixes.move(slot, spare)
         prefixes.forget(slot)
         if reuse is None:
-            return
+            return copies
         if reuse.source != slot:
-            self.model.copy_prefix(reuse.source, slot, reuse.length)
+            copies.append((reuse.source, slot, reuse.length))
         run.filled = run.seq.cached_tokens = reuse.length
+        return copies
 
     def _chunked(self, decoding: list[_Running]) -> list[tuple[_Running, Chunk]]:
         """This step's prompt chunks, oldest sequence first, within the step's budget."""
@@ -279,6 +320,11 @@ class Scheduler:
         return None
 
     def _fail_all(self, exc: BaseException) -> list[Produced]:
+        if self._copying is not None:  # its slot too may have been written
+            run, copied = self._copying
+            self._copying = None
+            wait([copied])
+            self._running[run.slot] = run
         failed = [Produced(run.seq, None, Finish.ERROR, exc) for run in self._running.values()]
         for run in list(self._running.values()):
             self._free_slot(run)

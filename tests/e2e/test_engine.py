@@ -2,6 +2,7 @@
 tokens they would get alone (greedy), each with its own budget."""
 
 import asyncio
+import threading
 from pathlib import Path
 
 import pytest
@@ -237,6 +238,60 @@ async def test_a_prompt_sent_again_starts_in_its_own_slot_without_a_copy(tiny: l
     assert [(source, length) for source, _, length in copies] == [(0, len(prompt) + 11)]
     for seq in seqs:
         assert tokens_of(seq) == alone(tiny, seq.prompt_ids, seq.max_new_tokens)
+
+
+async def test_copies_between_slots_run_beside_the_steps_of_running_sequences(tiny: loader.LoadedModel) -> None:
+    """On a CPU, a sequence whose start moves a prefix aside waits for the copy while the running
+    sequences go on stepping (a long prefix's copy into fresh memory stalled them all for up to 110
+    ms); it then runs as it would have, and the prefix moved aside is reused later."""
+    engine = Engine(tiny)
+    copy_prefix = engine.model.copy_prefix
+    release = threading.Event()
+    threads: list[str] = []
+
+    def held_back(source: int, target: int, length: int) -> None:
+        threads.append(threading.current_thread().name)
+        if not release.wait(30):
+            raise TimeoutError("the test did not release the copy")
+        copy_prefix(source, target, length)
+
+    runner = asyncio.create_task(engine.run())
+    first, second, third = list(range(100, 130)), list(range(200, 230)), list(range(300, 330))
+    try:
+        sinks = [Collector(), Collector()]
+        for prompt, sink in zip((first, second), sinks, strict=True):  # slots 0 and 1 keep them
+            engine.submit(Generation(prompt, 8, RowSampler(SamplingParams()), [], sink))
+        await asyncio.wait_for(asyncio.gather(*(sink.done.wait() for sink in sinks)), 60)
+        running = Collector()  # slot 0: its prefix moved aside at once, nobody else running
+        engine.submit(Generation([7, 8, 9], 400, RowSampler(SamplingParams()), [], running))
+        while len(running.tokens) < 3:
+            await asyncio.sleep(0.001)
+        engine.model.copy_prefix = held_back  # type: ignore[method-assign]
+        joining = Collector()  # slot 1: its prefix is moved aside beside the running sequence's steps
+        late = Generation(third, 10, RowSampler(SamplingParams()), [], joining)
+        engine.submit(late)
+        while not threads:
+            await asyncio.sleep(0.001)
+        before = len(running.tokens)
+        for _ in range(20_000):  # the running sequence steps while the copy waits
+            if len(running.tokens) >= before + 5 or running.done.is_set():
+                break
+            await asyncio.sleep(0.001)
+        stepped = len(running.tokens) - before
+        release.set()
+        await asyncio.wait_for(asyncio.gather(running.done.wait(), joining.done.wait()), 60)
+        again = Collector()
+        repeated = Generation(second, 6, RowSampler(SamplingParams()), [], again)
+        engine.submit(repeated)
+        await asyncio.wait_for(again.done.wait(), 60)
+    finally:
+        release.set()
+        runner.cancel()
+        engine.close()
+    assert stepped >= 5 and threads[0].startswith("copies-")
+    assert joining.tokens == alone(tiny, third, 10)
+    assert repeated.cached_tokens == len(second) - 1  # from the slot its prefix was moved to
+    assert again.tokens == alone(tiny, second, 6)
 
 
 async def test_a_joining_context_copies_the_prefix_of_a_running_one(tiny: loader.LoadedModel) -> None:

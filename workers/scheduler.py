@@ -45,7 +45,10 @@ MAX_CHUNK = 512  # prompt tokens of one sequence per step (bounds a step's atten
 PREFILL_TOKENS = 2048  # prompt tokens of a step while nobody decodes (a burst of prompts goes in at once)
 MIN_CHUNK = 4  # prompt tokens of a chunk beside decoding, at least (16 cost 2.4 decoding steps on a slow CPU)
 FIRST_CHUNK = 16  # while the costs are not measured yet
-STALL = 0.6  # prompt tokens per step while others decode: as many as cost this many decoding steps
+# prompt tokens per step while others decode: as many as cost this many decoding steps (the steps
+# run about a quarter over it: 0.6 put the others' p99 delay at 1.8-2.1x their median, 0.45 at
+# 1.6-1.9x, the prompt joining in 10% more time)
+STALL = 0.45
 SMOOTHING = 0.2  # weight of the newest measurement in the chunks' running cost estimates
 # a decoding step's price: the median of this many recent ones (a running mean kept the few slow
 # steps of streams starting, 32 ms against 25, and every chunk of the join that followed took more)

@@ -236,6 +236,8 @@ class Scheduler:
             heapq.heappush(self._free, run.slot)
             return [Produced(run.seq, None, Finish.ERROR, exc)]
         self._running[run.slot] = run
+        if run.seq.stop_requested is not None:  # cancelled meanwhile: it takes no step
+            self._free_slot(run)
         return []
 
     def _copy(self, copies: list[tuple[int, int, int]]) -> None:

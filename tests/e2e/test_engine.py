@@ -12,6 +12,7 @@ from lmsp_core.requests.catalog import TINY_RANDOM, ModelSpec
 from lmsp_core.settings import load_settings
 from workers import loader
 from workers.engine import Engine, Finish, Generation
+from workers.kvslots import StepPlan
 from workers.sampling import RowSampler, SamplingParams
 
 
@@ -240,58 +241,111 @@ async def test_a_prompt_sent_again_starts_in_its_own_slot_without_a_copy(tiny: l
         assert tokens_of(seq) == alone(tiny, seq.prompt_ids, seq.max_new_tokens)
 
 
+class HeldCopies:
+    """An engine's copies between slots, each held back until ``release`` (and the threads they ran on)."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.copy_prefix = engine.model.copy_prefix
+        self.release = threading.Event()
+        self.threads: list[str] = []
+        engine.model.copy_prefix = self  # type: ignore[method-assign]
+
+    def __call__(self, source: int, target: int, length: int) -> None:
+        self.threads.append(threading.current_thread().name)
+        if not self.release.wait(30):
+            raise TimeoutError("the test did not release the copy")
+        self.copy_prefix(source, target, length)
+
+    async def started(self) -> None:
+        while not self.threads:
+            await asyncio.sleep(0.001)
+
+
+async def running_beside_kept_prefixes(engine: Engine, kept: list[list[int]]) -> Collector:
+    """Slots 0 and 1 keep the prefixes of ``kept``'s two prompts; a long generation then runs in slot 0
+    (that slot's prefix moved aside at once, nobody else running), three tokens in."""
+    sinks = [Collector(), Collector()]
+    for prompt, sink in zip(kept, sinks, strict=True):
+        engine.submit(Generation(prompt, 8, RowSampler(SamplingParams()), [], sink))
+    await asyncio.wait_for(asyncio.gather(*(sink.done.wait() for sink in sinks)), 60)
+    running = Collector()
+    engine.submit(Generation([7, 8, 9], 400, RowSampler(SamplingParams()), [], running))
+    while len(running.tokens) < 3:
+        await asyncio.sleep(0.001)
+    return running
+
+
 async def test_copies_between_slots_run_beside_the_steps_of_running_sequences(tiny: loader.LoadedModel) -> None:
     """On a CPU, a sequence whose start moves a prefix aside waits for the copy while the running
     sequences go on stepping (a long prefix's copy into fresh memory stalled them all for up to 110
     ms); it then runs as it would have, and the prefix moved aside is reused later."""
     engine = Engine(tiny)
-    copy_prefix = engine.model.copy_prefix
-    release = threading.Event()
-    threads: list[str] = []
-
-    def held_back(source: int, target: int, length: int) -> None:
-        threads.append(threading.current_thread().name)
-        if not release.wait(30):
-            raise TimeoutError("the test did not release the copy")
-        copy_prefix(source, target, length)
-
     runner = asyncio.create_task(engine.run())
-    first, second, third = list(range(100, 130)), list(range(200, 230)), list(range(300, 330))
+    second, third = list(range(200, 230)), list(range(300, 330))
+    held: HeldCopies | None = None
     try:
-        sinks = [Collector(), Collector()]
-        for prompt, sink in zip((first, second), sinks, strict=True):  # slots 0 and 1 keep them
-            engine.submit(Generation(prompt, 8, RowSampler(SamplingParams()), [], sink))
-        await asyncio.wait_for(asyncio.gather(*(sink.done.wait() for sink in sinks)), 60)
-        running = Collector()  # slot 0: its prefix moved aside at once, nobody else running
-        engine.submit(Generation([7, 8, 9], 400, RowSampler(SamplingParams()), [], running))
-        while len(running.tokens) < 3:
-            await asyncio.sleep(0.001)
-        engine.model.copy_prefix = held_back  # type: ignore[method-assign]
+        running = await running_beside_kept_prefixes(engine, [list(range(100, 130)), second])
+        held = HeldCopies(engine)
         joining = Collector()  # slot 1: its prefix is moved aside beside the running sequence's steps
-        late = Generation(third, 10, RowSampler(SamplingParams()), [], joining)
-        engine.submit(late)
-        while not threads:
-            await asyncio.sleep(0.001)
+        engine.submit(Generation(third, 10, RowSampler(SamplingParams()), [], joining))
+        await held.started()
         before = len(running.tokens)
         for _ in range(20_000):  # the running sequence steps while the copy waits
             if len(running.tokens) >= before + 5 or running.done.is_set():
                 break
             await asyncio.sleep(0.001)
         stepped = len(running.tokens) - before
-        release.set()
+        held.release.set()
         await asyncio.wait_for(asyncio.gather(running.done.wait(), joining.done.wait()), 60)
         again = Collector()
         repeated = Generation(second, 6, RowSampler(SamplingParams()), [], again)
         engine.submit(repeated)
         await asyncio.wait_for(again.done.wait(), 60)
     finally:
-        release.set()
+        if held is not None:
+            held.release.set()
         runner.cancel()
         engine.close()
-    assert stepped >= 5 and threads[0].startswith("copies-")
+    assert stepped >= 5 and held.threads[0].startswith("copies-")
     assert joining.tokens == alone(tiny, third, 10)
     assert repeated.cached_tokens == len(second) - 1  # from the slot its prefix was moved to
     assert again.tokens == alone(tiny, second, 6)
+
+
+async def test_a_sequence_cancelled_while_its_copies_run_takes_no_step(tiny: loader.LoadedModel) -> None:
+    engine = Engine(tiny)
+    runner = asyncio.create_task(engine.run())
+    third, fourth = list(range(300, 330)), list(range(400, 430))
+    prompted: list[int] = []  # the prompt tokens of every step's chunks
+    run = engine.model.run
+
+    def recorded(plan: StepPlan) -> torch.Tensor:
+        prompted.extend(token for chunk in plan.chunks for token in chunk.tokens)
+        return run(plan)
+
+    held: HeldCopies | None = None
+    try:
+        running = await running_beside_kept_prefixes(engine, [list(range(100, 130)), list(range(200, 230))])
+        held = HeldCopies(engine)
+        engine.model.run = recorded  # type: ignore[method-assign]
+        cancelled = Collector()
+        late = Generation(third, 10, RowSampler(SamplingParams()), [], cancelled)
+        engine.submit(late)
+        await held.started()
+        engine.stop(late, Finish.CANCELLED)
+        held.release.set()
+        await asyncio.wait_for(running.done.wait(), 60)
+        after = Collector()
+        engine.submit(Generation(fourth, 4, RowSampler(SamplingParams()), [], after))
+        await asyncio.wait_for(after.done.wait(), 60)
+    finally:
+        if held is not None:
+            held.release.set()
+        runner.cancel()
+        engine.close()
+    assert cancelled.reason is Finish.CANCELLED and cancelled.tokens == []
+    assert not set(third) & set(prompted) and set(fourth) <= set(prompted)  # no step took its prompt
+    assert after.tokens == alone(tiny, fourth, 4)
 
 
 async def test_a_joining_context_copies_the_prefix_of_a_running_one(tiny: loader.LoadedModel) -> None:

@@ -82,7 +82,7 @@ async def run_batch(engine: Engine, loaded: loader.LoadedModel, renderer: Prompt
 
 async def main(args: argparse.Namespace) -> None:
     settings = load_settings()
-    loader.limit_threads(settings.torch_threads)  # as a worker would run
+    loader.limit_threads(settings.torch_threads, settings.attention_helper)  # as a worker would run
     spec = Catalog.from_settings(settings).get(args.model)
     loaded = loader.load(spec, Path(settings.model_cache))
     renderer, lltok = PromptRenderer(loaded.card), tokenizer_for(loaded.card)

@@ -236,7 +236,7 @@ async def measure(loaded: loader.LoadedModel, prompts: list[list[int]], args: ar
 
 async def main(args: argparse.Namespace) -> None:
     settings = load_settings()
-    loader.limit_threads(settings.torch_threads)
+    loader.limit_threads(settings.torch_threads, settings.attention_helper)
     spec = Catalog.from_settings(settings).get(args.model)
     started = time.perf_counter()
     loaded = loader.load(spec, Path(settings.model_cache))

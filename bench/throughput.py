@@ -338,7 +338,7 @@ async def main(args: argparse.Namespace) -> None:
     if args.replication:
         from bench.replication import replication
 
-        loader.limit_threads(threads)
+        loader.limit_threads(threads, settings.attention_helper)
         await replication(args, spec, threads, table)
         print()
         print(table.render())
@@ -346,7 +346,7 @@ async def main(args: argparse.Namespace) -> None:
     served = msgspec.structs.replace(spec, max_batch_size=max(spec.max_batch_size, *args.streams))
     unserved = msgspec.structs.replace(spec, id=UNSERVED, source="tiny-random")
     models = [msgspec.to_builtins(s) for s in (served, unserved)]
-    loader.limit_threads(threads)
+    loader.limit_threads(threads, settings.attention_helper)
     local = InProcess(spec, Path(settings.model_cache))
     with Stack(models, [spec.id], threads) as stack:
         print(f"model {spec.id} on {local.loaded.device} ({local.loaded.model.dtype}), {threads} torch threads, "

@@ -11,8 +11,13 @@ one slot) attend as blocks of up to 16 rows whose queries share each key and val
 arithmetic blocked for AVX512 (``kernels.c``, "Blocks"): torch's attention took 3-5x as long for
 chunks of every size measured (16 tokens at position 1,000: 712 us a layer against 233; 512 tokens
 from the start: 8.0 ms against 1.7), so every chunk goes through the kernel, beside decoding or alone.
-It is single-threaded, so it runs where torch runs on at most two threads (``kernels.MAX_THREADS``;
-the default on a 2-core host is one); with more, torch's attention runs the heads in parallel.
+It runs where torch runs on at most two threads (``kernels.MAX_THREADS``; the default on a 2-core
+host is one); with more, torch's attention runs the heads in parallel. Where torch's threads leave a
+core (``kernels.helper_fits``), the key heads of decoding rows of ``kernels.HELPER_MIN_LENGTH``
+positions or more are shared with a helper thread of ``kernels.c``, which reads the next layer's
+keys and values ahead while this one runs the layer's products: one stream at 1,500 positions on a
+2-core AMX Xeon, a step 4.8 ms slower than at 100 positions alone, 2.2 ms with the helper (the
+results bit for bit the same; docs/performance.md).
 """
 
 import numpy as np
@@ -32,6 +37,8 @@ class DecodeAttention:
         self.group, self.positions = group, positions
         self._scores = torch.empty(group * positions, dtype=torch.float32)  # one call at a time
         self._functions = {dtype: built.functions[name] for dtype, name in _FUNCTIONS.items()}
+        if kernels.helper_fits():
+            built.configure_helper(kernels.HELPER_MIN_LENGTH)
 
     def supports(self, q: Tensor, keys: Tensor) -> bool:
         """Whether ``__call__`` takes these queries and keys (its scratch holds ``positions`` per query)."""
@@ -39,23 +46,28 @@ class DecodeAttention:
             and q.shape[1] == self.group * keys.shape[1] and keys.shape[2] <= self.positions \
             and q.stride(-1) == 1 and q.stride(-2) == q.shape[-1] and kernels.runs_here("attend")
 
-    def __call__(self, q: Tensor, keys: Tensor, values: Tensor, slots: np.ndarray, limits: np.ndarray) -> Tensor:
+    def __call__(self, q: Tensor, keys: Tensor, values: Tensor, slots: np.ndarray, limits: np.ndarray,
+                 following: tuple[Tensor, Tensor] | None = None) -> Tensor:
         """``q`` ``[rows, heads, head_dim]``, ``keys``/``values`` ``[slots, kv_heads, positions, head_dim]``
         (contiguous); row ``r`` attends to positions ``0..limits[r]`` of slot ``slots[r]`` (int64).
-        Returns ``[rows, heads * head_dim]``."""
+        ``following``: the next layer's keys and values (the same shape), which the helper thread
+        reads ahead (None at a step's last layer). Returns ``[rows, heads * head_dim]``."""
         rows, heads, head_dim = q.shape
         slots = np.ascontiguousarray(slots, dtype=np.int64)
         limits = np.ascontiguousarray(limits, dtype=np.int64)
         if not self.supports(q, keys) or values.shape != keys.shape or not values.is_contiguous() \
                 or slots.shape != (rows,) or limits.shape != (rows,) \
-                or (rows and (slots.min() < 0 or slots.max() >= keys.shape[0])):
+                or (rows and (slots.min() < 0 or slots.max() >= keys.shape[0])) \
+                or (following is not None and any(t.shape != keys.shape or t.dtype != keys.dtype
+                                                  or not t.is_contiguous() for t in following)):
             raise ValueError(f"attend does not take queries {tuple(q.shape)}, keys {tuple(keys.shape)}")
         kv_heads = keys.shape[1]
         out = torch.empty((rows, heads * head_dim), dtype=q.dtype)
+        ahead = (None, None) if following is None else (following[0].data_ptr(), following[1].data_ptr())
         status = self._functions[q.dtype](
             q.data_ptr(), q.stride(0), keys.data_ptr(), values.data_ptr(), slots.ctypes.data, limits.ctypes.data,
             rows, kv_heads, heads // kv_heads, head_dim, keys.shape[2], head_dim ** -0.5, self._scores.data_ptr(),
-            out.data_ptr())
+            out.data_ptr(), *ahead)
         if status == -2:
             raise MemoryError("kernels.c: no memory for a block of chunk rows")
         if status != 0:

@@ -401,20 +401,23 @@ class Decoder(nn.Module):
                 q, k, v = layer.project(x, self.shape, cos, sin, decoding[0])
                 keys[slots, :, positions] = k
                 values[slots, :, positions] = v
-            x = layer.finish(x, self._attend(q, keys, values, decoding, segments, kernel), decoding[0])
+            following = self.cache.layer(i + 1) if i + 1 < len(self.typed_layers) else None
+            x = layer.finish(x, self._attend(q, keys, values, decoding, segments, kernel, following), decoding[0])
         return x
 
     def _attend(self, q: Tensor, keys: Tensor, values: Tensor, decoding: Decoding,
-                segments: tuple[tuple[int, int, int], ...], kernel: KernelRows | None) -> Tensor:
+                segments: tuple[tuple[int, int, int], ...], kernel: KernelRows | None,
+                following: tuple[Tensor, Tensor] | None = None) -> Tensor:
         """Attention of the step's rows: the first ones through the kernel (``_kernel_rows``) where it
-        takes them, the rest through torch (the decoding rows as one batch, each chunk on its own)."""
+        takes them (``following``: the next layer's cache, which its helper thread reads ahead), the
+        rest through torch (the decoding rows as one batch, each chunk on its own)."""
         _, kv_heads, head_dim = self.shape
         parts = []
         rows, length, mask = decoding
         done = 0  # rows attended so far
         if kernel is not None and self.attention is not None and self.attention.supports(q, keys):
             done = len(kernel[0])
-            parts.append(self.attention(q[:done], keys, values, *kernel))
+            parts.append(self.attention(q[:done], keys, values, *kernel, following))
         elif rows:
             # the queries that share a key head attend as one block: no repeated keys
             grouped = q[:rows].view(rows, kv_heads, self.group, head_dim)

@@ -18,13 +18,17 @@
    silu_mul_f32: the MLP's activation; top_k_f32: where a row's largest values are (the logits the
    decoder refines).
 
-   Single-threaded: one call at a time per model thread. */
+   One call at a time per model thread; attend_* hands the key heads of long decoding rows to a second
+   thread where helper_configure turns it on (below, "The helper"). */
 
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <time.h>
 #if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
@@ -467,6 +471,287 @@ typedef void (*head_fn_bf16)(const uint16_t *, const uint16_t *, const uint16_t 
 typedef void (*head_fn_f32)(const float *, const float *, const float *, int64_t, int64_t, int64_t, float,
                             float *, int64_t, float *);
 
+
+/* The helper: a second thread for long decoding rows (attend_*, once helper_configure turns it on).
+
+   A decoding row reads every key and value of its sequence once a layer: at 1,500 positions 35 MB a
+   SmolLM2 step, which one core of a 2-core VM reads from memory at about 9.4 GB/s, so that a long
+   generation's last tokens came 20% slower than its first (docs/performance.md). Where torch's
+   threads leave a core, a step's long rows are split into items (a row's key head): the calling
+   thread claims them from the front, the helper from the back. While the caller runs a layer's
+   products, the helper reads the next layer's items it will likely take into its own L2, so that it
+   computes them from its cache. An item's arithmetic is the same whoever runs it.
+
+   Nothing waits for the helper but items it has claimed: asleep, late or gone (in a forked child),
+   the caller does every item itself. One caller at a time (two models' threads: the second attends
+   alone). After a job the helper spins for HELPER_SPIN_NS (jobs come a layer apart), then sleeps on a
+   futex until the next. Before a step's last layer returns, the helper has stopped reading the
+   cache, so that a cache freed after a step is never read. */
+#if defined(__linux__)
+#include <linux/futex.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#define HELPER 1
+#else
+#define HELPER 0
+#endif
+#define HELPER_ITEMS 1024 /* 64 rows of 16 key heads */
+#define HELPER_SPIN_NS 2000000
+
+/* What a layer's attention reads and writes (attend_*'s arguments). */
+typedef struct {
+    int64_t q_stride, kv, group, d, positions, elem;
+    const char *q, *keys, *values, *next_keys, *next_values; /* next_*: the next layer's cache, or NULL */
+    char *out;
+    float scale;
+    head_fn_bf16 head_bf16; /* one of the two */
+    head_fn_f32 head_f32;
+} helper_layer;
+
+typedef struct {
+    helper_layer layer;
+    int64_t count, min_length, rows_until; /* the items; rows long enough before rows_until are items */
+    int64_t row[HELPER_ITEMS], head[HELPER_ITEMS], length[HELPER_ITEMS];
+    int64_t at[HELPER_ITEMS]; /* elements from the cache's start to the item's keys */
+} helper_job;
+
+static struct {
+    helper_job jobs[2];          /* job n in jobs[n % 2]: written while the helper may read the other */
+    _Atomic uint64_t claims;     /* the job's number << 32 | items taken from the back << 16 | front */
+    _Atomic int64_t done;        /* the job's items finished */
+    _Atomic uint32_t posted;     /* the last job's number; the futex the helper sleeps on */
+    _Atomic uint32_t holding;    /* the job the helper works on (0: none) */
+    _Atomic int reading, sleeping, caller;
+    _Atomic int64_t min_length;  /* rows at least this long become items; 0: off */
+    int64_t ahead_bytes;         /* the next layer's items read ahead, at most (most of the L2) */
+    pid_t pid;                   /* where the thread runs (0: none; -1: it could not start) */
+} helper;
+
+static volatile uint8_t helper_sink;
+
+static int64_t now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
+
+/* Claim item of job `number`, from the front or the back; -1 when none is left. */
+static int64_t claim(uint32_t number, int64_t count, int front) {
+    uint64_t c = atomic_load(&helper.claims);
+    for (;;) {
+        uint64_t f = c & 0xFFFF, b = (c >> 16) & 0xFFFF;
+        if ((uint32_t)(c >> 32) != number || (int64_t)(f + b) >= count) return -1;
+        if (atomic_compare_exchange_weak(&helper.claims, &c, c + (front ? 1 : (uint64_t)1 << 16)))
+            return front ? (int64_t)f : count - 1 - (int64_t)b;
+    }
+}
+
+static void run_item(const helper_job *j, int64_t i, float *scores) {
+    const helper_layer *l = &j->layer;
+    int64_t at = j->at[i] * l->elem, row = j->row[i], h = j->head[i];
+    const char *q = l->q + (row * l->q_stride + h * l->group * l->d) * l->elem;
+    char *out = l->out + (row * l->kv + h) * l->group * l->d * l->elem;
+    if (l->head_bf16)
+        l->head_bf16((const uint16_t *)q, (const uint16_t *)(l->keys + at), (const uint16_t *)(l->values + at),
+                     j->length[i], l->group, l->d, l->scale, scores, l->positions, (uint16_t *)out);
+    else
+        l->head_f32((const float *)q, (const float *)(l->keys + at), (const float *)(l->values + at), j->length[i],
+                    l->group, l->d, l->scale, scores, l->positions, (float *)out);
+    atomic_fetch_add_explicit(&helper.done, 1, memory_order_release);
+}
+
+/* The next layer's items from the back, as many as fit in `ahead_bytes`: one byte a cache line, until
+   job `number` is no longer the last one posted. The new position of each row (written by the next
+   layer before it attends) is left alone. */
+static void read_ahead(const helper_job *j, uint32_t number) {
+    uint8_t sum = 0;
+    int64_t left = helper.ahead_bytes;
+    const helper_layer *l = &j->layer;
+    for (int64_t i = j->count - 1; i >= 0 && left > 0; i--) {
+        int64_t at = j->at[i] * l->elem, bytes = (j->length[i] - 1) * l->d * l->elem;
+        for (int part = 0; part < 2; part++) {
+            const char *p = (part ? l->next_values : l->next_keys) + at;
+            for (int64_t b = 0; b < bytes; b += 64) {
+                if (!(b & 4095) && atomic_load_explicit(&helper.posted, memory_order_relaxed) != number) {
+                    helper_sink = sum;
+                    return;
+                }
+                sum += *(const volatile uint8_t *)(p + b);
+            }
+        }
+        left -= 2 * bytes;
+    }
+    helper_sink = sum;
+}
+
+#if HELPER
+/* Asleep on the futex until a job after `seen` is posted, or until `deadline` (CLOCK_MONOTONIC ns; 0:
+   none) with main waking it where a job comes first. */
+static void helper_sleep(uint32_t seen, int64_t deadline) {
+    atomic_store(&helper.sleeping, 1);
+    if (atomic_load(&helper.posted) == seen) {
+        struct timespec wait, *timeout = NULL;
+        if (deadline) {
+            int64_t left = deadline - now_ns();
+            if (left <= 0) goto done;
+            wait.tv_sec = left / 1000000000, wait.tv_nsec = left % 1000000000;
+            timeout = &wait;
+        }
+        syscall(SYS_futex, &helper.posted, FUTEX_WAIT_PRIVATE, seen, timeout, NULL, 0);
+    }
+done:
+    atomic_store(&helper.sleeping, 0);
+}
+
+/* The next job after `seen` (posted at `seen_at`, `period` after the one before). Jobs come a layer
+   apart within a step: the helper naps through most of the gap the last one left, spins until the
+   job comes, and sleeps once none has come for HELPER_SPIN_NS; after a step's last layer it sleeps
+   at once (the next step's first layer is never read ahead). Spinning through every gap took the
+   second core whole, from the API and Redis too. */
+static uint32_t helper_next(uint32_t seen, int64_t seen_at, int64_t period, int last_layer) {
+    uint32_t number;
+    if (last_layer) {
+        helper_sleep(seen, 0);
+    } else if (period < HELPER_SPIN_NS) {
+        helper_sleep(seen, seen_at + period * 3 / 4);
+    }
+    for (int spins = 0; (number = atomic_load(&helper.posted)) == seen; spins++) {
+        _mm_pause();
+        if ((spins & 255) == 255 && now_ns() - seen_at > HELPER_SPIN_NS) helper_sleep(seen, 0);
+    }
+    return number;
+}
+
+static void *helper_main(void *unused) {
+    (void)unused;
+    prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0); /* naps end within a microsecond or so, not 50 */
+    uint32_t seen = 0;
+    float *scores = NULL;
+    int last_layer = 1;
+    int64_t room = 0, seen_at = now_ns(), period = HELPER_SPIN_NS;
+    for (;;) {
+        uint32_t number = helper_next(seen, seen_at, period, last_layer);
+        int64_t at = now_ns();
+        period = at - seen_at, seen_at = at;
+        seen = number;
+        atomic_store(&helper.holding, number);
+        if (atomic_load(&helper.posted) != number) { /* a later job already: its slot may be written */
+            atomic_store(&helper.holding, 0);
+            continue;
+        }
+        helper_job *job = &helper.jobs[number % 2]; /* not written again while this thread holds it (helper_post) */
+        if (job->layer.positions > room) { /* its scores: a row's every position for each query */
+            free(scores);
+            room = job->layer.positions;
+            scores = aligned_alloc(64, (size_t)(MAX_GROUP * room) * sizeof(float));
+            if (scores == NULL) room = 0;
+        }
+        for (int64_t i; room && (i = claim(number, job->count, 0)) >= 0;) run_item(job, i, scores);
+        last_layer = job->layer.next_keys == NULL;
+        if (!last_layer) {
+            atomic_store(&helper.reading, 1);
+            read_ahead(job, number);
+            atomic_store(&helper.reading, 0);
+        }
+        atomic_store(&helper.holding, 0);
+    }
+    return NULL;
+}
+
+/* The thread, started in this process (a forked child starts its own); 0 where it could not be. */
+static int helper_running(void) {
+    pid_t pid = getpid();
+    if (helper.pid == pid) return 1;
+    atomic_store(&helper.holding, 0); /* in a child: the parent's helper is not here */
+    atomic_store(&helper.reading, 0);
+    atomic_store(&helper.sleeping, 0);
+    long l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
+    helper.ahead_bytes = l2 > 0 ? l2 * 3 / 4 : 1 << 20;
+    pthread_t thread;
+    pthread_attr_t attributes;
+    pthread_attr_init(&attributes);
+    pthread_attr_setdetachstate(&attributes, PTHREAD_CREATE_DETACHED);
+    int started = pthread_create(&thread, &attributes, helper_main, NULL) == 0;
+    pthread_attr_destroy(&attributes);
+    helper.pid = started ? pid : -1;
+    if (!started) atomic_store(&helper.min_length, 0); /* attend alone from now on */
+    return started;
+}
+#else
+static int helper_running(void) {
+    return 0;
+}
+#endif
+
+/* Rows at least `min_length` long attend with the helper from now on (0: off); returns whether it
+   can run here. */
+int helper_configure(int64_t min_length) {
+    atomic_store(&helper.min_length, min_length > 0 ? min_length : 0);
+    return HELPER;
+}
+
+/* Post the long rows of a step's layer as a job's items; the job, or NULL where the caller attends
+   alone (the helper off, another caller on it, no long row, or the helper still on a job two back). */
+static helper_job *helper_post(const helper_layer *layer, const int64_t *slots, const int64_t *limits, int64_t rows) {
+    int64_t min_length = atomic_load(&helper.min_length);
+    if (!min_length || atomic_exchange(&helper.caller, 1)) return NULL;
+    uint32_t number = atomic_load(&helper.posted) + 1;
+    number += number == 0; /* 0 means none */
+    uint32_t held = atomic_load(&helper.holding);
+    if ((held != 0 && held != number - 1) || !helper_running()) {
+        atomic_store(&helper.caller, 0);
+        return NULL;
+    }
+    helper_job *job = &helper.jobs[number % 2];
+    {
+        job->count = 0;
+        job->layer = *layer;
+        job->min_length = min_length;
+        int64_t r = 0;
+        for (int64_t m; r < rows && job->count + layer->kv <= HELPER_ITEMS; r += m) {
+            m = block_rows(slots, r, rows, layer->d);
+            for (int64_t h = 0; m == 1 && limits[r] + 1 >= min_length && h < layer->kv; h++) {
+                int64_t i = job->count++;
+                job->row[i] = r, job->head[i] = h, job->length[i] = limits[r] + 1;
+                job->at[i] = (slots[r] * layer->kv + h) * layer->positions * layer->d;
+            }
+        }
+        job->rows_until = r;
+    }
+    if (job->count == 0) {
+        atomic_store(&helper.caller, 0);
+        return NULL;
+    }
+    atomic_store(&helper.done, 0);
+    atomic_store(&helper.claims, (uint64_t)number << 32);
+    atomic_store(&helper.posted, number);
+#if HELPER
+    if (atomic_load(&helper.sleeping)) syscall(SYS_futex, &helper.posted, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
+#endif
+    return job;
+}
+
+/* Whether row r (of `length` keys) is an item of `job` (NULL: none is). */
+static inline int posted_row(const helper_job *job, int64_t r, int64_t length) {
+    return job != NULL && r < job->rows_until && length >= job->min_length;
+}
+
+/* Wait until the helper reads no cache ahead (a step's last layer, where the caller attended alone). */
+static void helper_settle(void) {
+    while (helper.pid == getpid() && atomic_load(&helper.reading)) _mm_pause();
+}
+
+/* The caller's part of a posted job: its items from the front, then the wait for the helper's; at a
+   step's last layer, also for the helper to stop reading ahead. */
+static void helper_finish(helper_job *job, float *scores) {
+    uint32_t number = (uint32_t)(atomic_load(&helper.claims) >> 32);
+    for (int64_t i; (i = claim(number, job->count, 1)) >= 0;) run_item(job, i, scores);
+    while (atomic_load_explicit(&helper.done, memory_order_acquire) < job->count) _mm_pause();
+    if (job->layer.next_keys == NULL)
+        while (atomic_load(&helper.reading)) _mm_pause();
+    atomic_store(&helper.caller, 0);
+}
+
 #define DEFINE_ATTEND(SUFFIX, T, LOAD, STORE)                                                          \
     DEFINE_HEADS(SUFFIX, T, LOAD, STORE, 64)                                                         \
     DEFINE_HEADS(SUFFIX, T, LOAD, STORE, 128)                                                        \
@@ -483,11 +768,16 @@ typedef void (*head_fn_f32)(const float *, const float *, const float *, int64_t
     int attend_##SUFFIX(const T *q, int64_t q_stride, const T *keys, const T *values,                \
                         const int64_t *slots, const int64_t *limits, int64_t rows, int64_t kv,       \
                         int64_t group, int64_t d, int64_t positions, float scale, float *scores,     \
-                        T *out) {                                                                    \
+                        T *out, const T *next_keys, const T *next_values) {                          \
         if (group < 1 || group > MAX_GROUP || d > MAX_DIM) return -1;                                \
         for (int64_t r = 0; r < rows; r++)                                                           \
             if (limits[r] + 1 > positions) return -1;                                                \
         head_fn_##SUFFIX head = pick_##SUFFIX(group, d);                                             \
+        helper_layer layer = {q_stride, kv, group, d, positions, (int64_t)sizeof(T), (const char *)q, \
+                              (const char *)keys, (const char *)values, (const char *)next_keys,     \
+                              (const char *)next_values, (char *)out, scale, NULL, NULL};            \
+        layer.head_##SUFFIX = head;                                                                  \
+        helper_job *job = helper_post(&layer, slots, limits, rows);                                  \
         for (int64_t r = 0; r < rows;) {                                                             \
             int64_t m = block_rows(slots, r, rows, d);                                               \
             if (m > 1) {                                                                             \
@@ -498,7 +788,7 @@ typedef void (*head_fn_f32)(const float *, const float *, const float *, int64_t
                 continue;                                                                            \
             }                                                                                        \
             int64_t length = limits[r] + 1;                                                          \
-            for (int64_t h = 0; h < kv; h++) {                                                       \
+            for (int64_t h = 0; h < kv && !posted_row(job, r, length); h++) {                        \
                 const T *qh = q + r * q_stride + h * group * d;                                      \
                 T *o = out + (r * kv + h) * group * d;                                               \
                 if (length <= 0) {                                                                   \
@@ -510,6 +800,10 @@ typedef void (*head_fn_f32)(const float *, const float *, const float *, int64_t
             }                                                                                        \
             r++;                                                                                     \
         }                                                                                            \
+        if (job != NULL)                                                                             \
+            helper_finish(job, scores);                                                              \
+        else if (next_keys == NULL)                                                                  \
+            helper_settle();                                                                         \
         return 0;                                                                                    \
     }
 

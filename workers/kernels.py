@@ -37,15 +37,19 @@ logger = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("kernels.c")
 # they run one thread: where torch runs more, its own parallel kernels are used
 MAX_THREADS = {"attend": 2, "int8": 1}
+# decoding rows at least this long share their attention with the helper thread (kernels.c, "The helper")
+HELPER_MIN_LENGTH = 256
+_helper_allowed = True  # allow_helper
 MAX_TOP = 64  # as in kernels.c
 GROUP = weights.GROUP  # inputs per scale, 8-bit and 4-bit groups alike (kernels.c assumes 32)
 # the first: vectorised expf from glibc's libmvec; the second for a libc without it
 _FLAG_SETS = (["-O3", "-march=native", "-ffast-math"], ["-O3", "-march=native", "-fno-math-errno"])
-_LIBS = (["-lmvec", "-lm"], ["-lm"])
+_LIBS = (["-lmvec", "-lm", "-lpthread"], ["-lm", "-lpthread"])
 _P, _I = ctypes.c_void_p, ctypes.c_int64
 _SIGNATURES: dict[str, list[type]] = {
-    "attend_bf16": [_P, _I, _P, _P, _P, _P, _I, _I, _I, _I, _I, ctypes.c_float, _P, _P],
-    "attend_f32": [_P, _I, _P, _P, _P, _P, _I, _I, _I, _I, _I, ctypes.c_float, _P, _P],
+    "attend_bf16": [_P, _I, _P, _P, _P, _P, _I, _I, _I, _I, _I, ctypes.c_float, _P, _P, _P, _P],
+    "attend_f32": [_P, _I, _P, _P, _P, _P, _I, _I, _I, _I, _I, ctypes.c_float, _P, _P, _P, _P],
+    "helper_configure": [_I],
     "int8_matmul": [_P, _I, _I, _P, _P, _I, _P],
     "int4_matmul": [_P, _I, _I, _P, _P, _P, _I, _P],
     "int8_vectorised": [],
@@ -70,6 +74,11 @@ class Kernels:
             self.functions[name] = function
         # built with AVX512-VNNI or AVX2 (this CPU has it): otherwise the products are plain C, slower than torch's
         self.int8_vectorised = bool(self.functions["int8_vectorised"]())
+
+    def configure_helper(self, min_length: int) -> bool:
+        """Decoding rows at least ``min_length`` long attend with ``kernels.c``'s helper thread from now
+        on, in this process (0: none do); whether it can run here."""
+        return bool(self.functions["helper_configure"](min_length))
 
     def products_run_here(self) -> bool:
         """Whether the products beat torch's here: vectorised, and torch on one thread."""
@@ -171,6 +180,17 @@ class GroupedWeights:
         if self._function(x.data_ptr(), rows, k, *self._pointers, self.n, out.data_ptr()) != 0:
             raise MemoryError("kernels.c: no memory for the quantised inputs")
         return out
+
+
+def allow_helper(allowed: bool) -> None:
+    """Whether attention may take a second thread in this process (``LMSP_ATTENTION_HELPER``)."""
+    global _helper_allowed
+    _helper_allowed = allowed
+
+
+def helper_fits() -> bool:
+    """Whether the helper thread is allowed and torch's threads leave it a core of this process's."""
+    return _helper_allowed and torch.get_num_threads() < len(os.sched_getaffinity(0))
 
 
 def runs_here(kernel: str) -> bool:

@@ -26,7 +26,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, Llama
 from lmsp_core.requests.catalog import SMOLLM2, ModelSpec
 from lmsp_core.requests.chat import ModelCard
 from lmsp_core.requests.modelfiles import converted_dir, package_file
-from workers import precision
+from workers import kernels, precision
 from workers.reasoning import closing_tokens
 
 logger = logging.getLogger(__name__)
@@ -54,9 +54,11 @@ class LoadedModel:
         return next(self.model.parameters()).dtype  # type: ignore[no-any-return]
 
 
-def limit_threads(threads: int) -> None:
-    """Set torch's CPU threads (0: all cores but one)."""
+def limit_threads(threads: int, attention_helper: bool = True) -> None:
+    """Set torch's CPU threads (0: all cores but one), and whether attention may take a thread of its
+    own beside them (``kernels.allow_helper``)."""
     torch.set_num_threads(threads or max(1, (os.cpu_count() or 2) - 1))
+    kernels.allow_helper(attention_helper)
     if torch.get_num_interop_threads() != 1:  # settable once per process, before any parallel work
         torch.set_num_interop_threads(1)
 

@@ -38,7 +38,7 @@ CONNECT_RETRY_DELAY = 1.0
 
 def run(settings: Settings, model_ids: list[str]) -> None:
     logs.configure(settings.log_level, settings.log_json)
-    loader.limit_threads(settings.torch_threads)
+    loader.limit_threads(settings.torch_threads, settings.attention_helper)
     asyncio.run(serve(settings, model_ids))
 
 

@@ -1,6 +1,7 @@
 """The CPU kernels (workers/kernels.c) against torch: decoding rows' attention and the 8-bit product."""
 
 import logging
+import os
 from pathlib import Path
 
 import numpy as np
@@ -8,6 +9,7 @@ import pytest
 import torch
 from torch.nn import functional
 
+from lmsp_core.settings import load_settings
 from workers import attention, kernels
 from workers.layers import rotate
 from workers.weights import int4_native, int8_codes
@@ -77,6 +79,52 @@ def test_prompt_chunks_attend_as_blocks_as_torch_does(built: kernels.Kernels, dt
     tolerance = 1e-5 if dtype == torch.float32 else 1e-2
     torch.testing.assert_close(got.double(), reference(q, keys, values, slots, limits), rtol=tolerance,
                                atol=tolerance)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_long_rows_attend_with_the_helper_thread_as_without_it(built: kernels.Kernels, dtype: torch.dtype) -> None:
+    """With the helper thread on (kernels.c, "The helper"), the key heads of decoding rows at least the
+    length it is given are items that either thread runs: bit for bit the attention without it, in
+    twenty calls (whichever thread ran which head), with the next layer's cache read ahead or not (a
+    step's last layer); a dummy row and a chunk's rows beside them as before."""
+    positions, kv_heads, group, head_dim = 1400, 3, 3, 64
+    kernel = attention.decode_attention(built, group, head_dim, positions)
+    assert kernel is not None
+    generator = torch.Generator().manual_seed(1400)
+    keys, values, following_keys, following_values = (
+        torch.randn(4, kv_heads, positions, head_dim, generator=generator).to(dtype) for _ in range(4))
+    # decoding rows of 1,400 and 700 positions, a dummy, then a chunk of slot 3
+    slots, limits = np.asarray([0, 1, 2, 3, 3, 3]), np.asarray([1399, 699, -1, 100, 101, 102])
+    q = torch.randn(len(limits), kv_heads * group, head_dim, generator=generator).to(dtype)
+    alone = kernel(q, keys, values, slots, limits)
+    try:
+        assert built.configure_helper(1)
+        runs = [kernel(q, keys, values, slots, limits, (following_keys, following_values) if i % 2 else None)
+                for i in range(20)]
+    finally:
+        built.configure_helper(0)
+    assert all(torch.equal(run, alone) for run in runs)
+    tolerance = 1e-5 if dtype == torch.float32 else 1e-2
+    torch.testing.assert_close(alone.double(), reference(q, keys, values, list(slots), list(limits)),
+                               rtol=tolerance, atol=tolerance)
+
+
+def test_the_helper_runs_only_where_allowed_and_torch_leaves_a_core(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``LMSP_ATTENTION_HELPER`` (``kernels.allow_helper``, from ``loader.limit_threads``) and torch's
+    threads decide whether attention takes the helper thread."""
+    monkeypatch.setattr(kernels, "_helper_allowed", True)
+    threads, cores = torch.get_num_threads(), len(os.sched_getaffinity(0))
+    try:
+        torch.set_num_threads(cores)
+        assert not kernels.helper_fits()  # no core left over
+        if cores > 1:
+            torch.set_num_threads(cores - 1)
+            kernels.allow_helper(load_settings({}).attention_helper)
+            assert kernels.helper_fits()
+            kernels.allow_helper(load_settings({"LMSP_ATTENTION_HELPER": "false"}).attention_helper)
+            assert not kernels.helper_fits()
+    finally:
+        torch.set_num_threads(threads)
 
 
 @pytest.mark.parametrize("rows", [1, 20])  # a decoding row's head, a chunk's block

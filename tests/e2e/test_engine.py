@@ -10,7 +10,7 @@ import torch
 
 from lmsp_core.requests.catalog import TINY_RANDOM, ModelSpec
 from lmsp_core.settings import load_settings
-from workers import loader
+from workers import kernels, loader
 from workers.engine import Engine, Finish, Generation
 from workers.kvslots import StepPlan
 from workers.sampling import RowSampler, SamplingParams
@@ -63,6 +63,27 @@ async def test_sequences_joining_and_leaving_match_solo_generation(tiny: loader.
     for prompt, budget, sink in zip(prompts, budgets, sinks, strict=True):
         assert sink.reason is Finish.LENGTH
         assert sink.tokens == alone(tiny, prompt, budget)
+
+
+async def test_long_sequences_with_the_attention_helper_match_solo_generation(tiny: loader.LoadedModel) -> None:
+    """Decoding rows of ``kernels.HELPER_MIN_LENGTH`` positions or more share their attention with
+    ``kernels.c``'s helper thread where torch's threads leave a core (this module runs torch on one):
+    three sequences that decode past that length, two of them side by side, give the tokens each
+    gives alone."""
+    assert max(kernels.HELPER_MIN_LENGTH, 300) < tiny.spec.context_window
+    prompts = [list(range(3, 3 + kernels.HELPER_MIN_LENGTH - 10)), [5, 6] * 150, list(range(500, 200, -1))]
+    engine = Engine(tiny)
+    runner = asyncio.create_task(engine.run())
+    sinks = [Collector() for _ in prompts]
+    try:
+        for prompt, sink in zip(prompts, sinks, strict=True):
+            engine.submit(Generation(prompt, 24, RowSampler(SamplingParams()), [], sink))
+        await asyncio.wait_for(asyncio.gather(*(s.done.wait() for s in sinks)), 120)
+    finally:
+        runner.cancel()
+        engine.close()
+    for prompt, sink in zip(prompts, sinks, strict=True):
+        assert sink.tokens == alone(tiny, prompt, 24)
 
 
 async def test_stopping_one_sequence_leaves_the_others_intact(tiny: loader.LoadedModel) -> None:

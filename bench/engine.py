@@ -31,7 +31,8 @@ from lmsp_core.requests.chat import PromptRenderer
 from lmsp_core.settings import load_settings
 from workers import loader
 from workers.decoder import Decoder
-from workers.engine import Engine, Generation
+from workers.engine import Engine, Generation, slot_model
+from workers.kvslots import Chunk, Feed, StepPlan
 from workers.sampling import RowSampler, SamplingParams
 
 README_PROMPT = "Describe a local model service in one sentence."  # README, "Try it"
@@ -89,6 +90,29 @@ async def long_generation(spec: Any, cache: Path, prompt: list[int], tokens: int
         engine.close()
     times = sink.times
     return 99 / (times[99] - times[0]), 99 / (times[-1] - times[-100])
+
+
+def paired_steps(spec: Any, cache: Path, short: int, long: int, pairs: int) -> tuple[float, float] | None:
+    """Milliseconds of a one-row decoding step at position ``short`` and at ``long`` of one slot (its
+    keys and values written once, up to ``long``), the two alternating, medians of ``pairs`` each:
+    what the long generation's ratio measures, without the VM's drift over the seconds between a
+    generation's first and last tokens. None where the model does not run on the slot decoder."""
+    loaded = loader.load(spec, cache)
+    model = slot_model(loaded, compile=False)
+    if not isinstance(model, Decoder) or long >= loaded.spec.context_window:
+        return None
+    tokens = torch.randint(3, model.vocab, (long + 1,), generator=torch.Generator().manual_seed(long)).tolist()
+    times: dict[int, list[float]] = {short: [], long: []}
+    with torch.inference_mode():
+        for start in range(0, long, 256):
+            end = min(long, start + 256)
+            model.run(StepPlan(chunks=[Chunk(0, start, tokens[start:end], end == long)]))
+        for _ in range(pairs):
+            for position in (short, long):
+                started = time.perf_counter()
+                model.run(StepPlan(feeds=[Feed(0, tokens[position], position)]))
+                times[position].append(time.perf_counter() - started)
+    return statistics.median(times[short]) * 1000, statistics.median(times[long]) * 1000
 
 
 async def first_token_seconds(spec: Any, cache: Path, prompt: list[int], samples: int) -> float:

@@ -208,6 +208,12 @@ async def long_and_joining(args: argparse.Namespace, stack: Stack, local: Any, t
               "100 / first 100", f"{last_rate:.1f}", f"{first_rate:.1f}", ratio(last_rate, first_rate), ">= 0.9")
     if len(runs) > 1:
         table.add("  each run's ratio", " / ".join(f"{last / first:.2f}" for first, last in runs))
+    paired = engine.paired_steps(local.loaded.spec, Path(load_settings().model_cache), 100, args.long_tokens,
+                                 args.long_pairs)
+    if paired is not None:
+        short_ms, long_ms = paired
+        table.add(f"  one step at 100 / {args.long_tokens} positions, alternating ({args.long_pairs} pairs; no drift)",
+                  f"{long_ms:.2f} ms", f"{short_ms:.2f} ms", ratio(short_ms, long_ms))
     first_rate, last_rate = await engine.long_generation(local.loaded.spec, Path(load_settings().model_cache),
                                                          prompt, args.long_tokens, kernel=False)
     table.add("  the same with torch's attention for decoding rows (not kernels.c)", f"{last_rate:.1f}",

@@ -379,6 +379,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--long-tokens", type=int, default=1500, help="the long generation and the joining prompt")
     parser.add_argument("--long-runs", type=int, default=3,
                         help="long generations with the kernels (median ratio: a VM's speed drifts within one)")
+    parser.add_argument("--long-pairs", type=int, default=150,
+                        help="paired steps at 100 and --long-tokens positions (the long generation without drift)")
     parser.add_argument("--startup", action="store_true", help="also time a worker's first start and restart")
     parser.add_argument("--replication", action="store_true",
                         help="instead: the cost of acknowledging events on a replica (WAIT 1) vs the primary alone")
@@ -387,7 +389,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if args.quick:
         args.tokens, args.repeat, args.streams, args.rounds, args.ttft_samples = 16, 2, [1, 4], 1, 3
         args.readers, args.events, args.rate, args.resumes = 50, 20, 50.0, 20
-        args.long_tokens, args.long_runs = 300, 1
+        args.long_tokens, args.long_runs, args.long_pairs = 300, 1, 5
     return args
 
 

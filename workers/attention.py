@@ -15,9 +15,9 @@ It runs where torch runs on at most two threads (``kernels.MAX_THREADS``; the de
 host is one); with more, torch's attention runs the heads in parallel. Where torch's threads leave a
 core (``kernels.helper_fits``), the key heads of decoding rows of ``kernels.HELPER_MIN_LENGTH``
 positions or more are shared with a helper thread of ``kernels.c``, which reads the next layer's
-keys and values ahead while this one runs the layer's products: one stream at 1,500 positions on a
-2-core AMX Xeon, a step 4.8 ms slower than at 100 positions alone, 2.2 ms with the helper (the
-results bit for bit the same; docs/performance.md).
+keys and values ahead while the model's thread runs the layer's products: one stream at 1,500
+positions on a 2-core AMX Xeon, a step 4.8 ms slower than at 100 positions alone, 2.2 ms with the
+helper (the results bit for bit the same; docs/performance.md).
 """
 
 import numpy as np

@@ -489,6 +489,7 @@ typedef void (*head_fn_f32)(const float *, const float *, const float *, int64_t
    cache, so that a cache freed after a step is never read. */
 #if defined(__linux__)
 #include <linux/futex.h>
+#include <signal.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
 #define HELPER 1
@@ -624,6 +625,9 @@ static uint32_t helper_next(uint32_t seen, int64_t seen_at, int64_t period, int 
 
 static void *helper_main(void *unused) {
     (void)unused;
+    sigset_t every;
+    sigfillset(&every); /* signals go to the process's own threads (Python's handlers) */
+    pthread_sigmask(SIG_SETMASK, &every, NULL);
     prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0); /* naps end within a microsecond or so, not 50 */
     uint32_t seen = 0;
     float *scores = NULL;

@@ -471,7 +471,6 @@ typedef void (*head_fn_bf16)(const uint16_t *, const uint16_t *, const uint16_t 
 typedef void (*head_fn_f32)(const float *, const float *, const float *, int64_t, int64_t, int64_t, float,
                             float *, int64_t, float *);
 
-
 /* The helper: a second thread for long decoding rows (attend_*, once helper_configure turns it on).
 
    A decoding row reads every key and value of its sequence once a layer: at 1,500 positions 35 MB a
@@ -484,8 +483,9 @@ typedef void (*head_fn_f32)(const float *, const float *, const float *, int64_t
 
    Nothing waits for the helper but items it has claimed: asleep, late or gone (in a forked child),
    the caller does every item itself. One caller at a time (two models' threads: the second attends
-   alone). After a job the helper spins for HELPER_SPIN_NS (jobs come a layer apart), then sleeps on a
-   futex until the next. Before a step's last layer returns, the helper has stopped reading the
+   alone). Jobs come a layer apart: after one the helper naps through most of the last gap, then
+   spins until the next (helper_next); after a step's last layer, or HELPER_SPIN_NS without a job,
+   it sleeps on a futex. Before a step's last layer returns, the helper has stopped reading the
    cache, so that a cache freed after a step is never read. */
 #if defined(__linux__)
 #include <linux/futex.h>
@@ -497,6 +497,13 @@ typedef void (*head_fn_f32)(const float *, const float *, const float *, int64_t
 #define HELPER 0
 #endif
 #define HELPER_ITEMS 1024 /* 64 rows of 16 key heads */
+#if defined(__x86_64__) || defined(__i386__)
+#define cpu_relax() __builtin_ia32_pause()
+#elif defined(__aarch64__)
+#define cpu_relax() __asm__ __volatile__("yield")
+#else
+#define cpu_relax() (void)0
+#endif
 #define HELPER_SPIN_NS 2000000
 
 /* What a layer's attention reads and writes (attend_*'s arguments). */
@@ -617,7 +624,7 @@ static uint32_t helper_next(uint32_t seen, int64_t seen_at, int64_t period, int 
         helper_sleep(seen, seen_at + period * 3 / 4);
     }
     for (int spins = 0; (number = atomic_load(&helper.posted)) == seen; spins++) {
-        _mm_pause();
+        cpu_relax();
         if ((spins & 255) == 255 && now_ns() - seen_at > HELPER_SPIN_NS) helper_sleep(seen, 0);
     }
     return number;
@@ -742,7 +749,7 @@ static inline int posted_row(const helper_job *job, int64_t r, int64_t length) {
 
 /* Wait until the helper reads no cache ahead (a step's last layer, where the caller attended alone). */
 static void helper_settle(void) {
-    while (helper.pid == getpid() && atomic_load(&helper.reading)) _mm_pause();
+    while (helper.pid == getpid() && atomic_load(&helper.reading)) cpu_relax();
 }
 
 /* The caller's part of a posted job: its items from the front, then the wait for the helper's; at a
@@ -750,9 +757,9 @@ static void helper_settle(void) {
 static void helper_finish(helper_job *job, float *scores) {
     uint32_t number = (uint32_t)(atomic_load(&helper.claims) >> 32);
     for (int64_t i; (i = claim(number, job->count, 1)) >= 0;) run_item(job, i, scores);
-    while (atomic_load_explicit(&helper.done, memory_order_acquire) < job->count) _mm_pause();
+    while (atomic_load_explicit(&helper.done, memory_order_acquire) < job->count) cpu_relax();
     if (job->layer.next_keys == NULL)
-        while (atomic_load(&helper.reading)) _mm_pause();
+        while (atomic_load(&helper.reading)) cpu_relax();
     atomic_store(&helper.caller, 0);
 }
 

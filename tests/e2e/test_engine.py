@@ -68,8 +68,8 @@ async def test_sequences_joining_and_leaving_match_solo_generation(tiny: loader.
 async def test_long_sequences_with_the_attention_helper_match_solo_generation(tiny: loader.LoadedModel) -> None:
     """Decoding rows of ``kernels.HELPER_MIN_LENGTH`` positions or more share their attention with
     ``kernels.c``'s helper thread where torch's threads leave a core (this module runs torch on one):
-    three sequences that decode past that length, two of them side by side, give the tokens each
-    gives alone."""
+    three sequences side by side, two past that length from their start and one crossing it while
+    it decodes, give the tokens each gives alone."""
     assert max(kernels.HELPER_MIN_LENGTH, 300) < tiny.spec.context_window
     prompts = [list(range(3, 3 + kernels.HELPER_MIN_LENGTH - 10)), [5, 6] * 150, list(range(500, 200, -1))]
     engine = Engine(tiny)

@@ -35,7 +35,7 @@ from workers import kernels
 from workers.attention import DecodeAttention, decode_attention
 from workers.cudagraphs import StepGraphs
 from workers.kvslots import KvSlots, StepPlan
-from workers.layers import Layer, NativeNorm, norm
+from workers.layers import Layer, NativeNorm, norm, rope_tables
 from workers.weights import GROUP, Groups4, Groups8, Linear, NativeProduct, frozen
 
 logger = logging.getLogger(__name__)
@@ -98,12 +98,12 @@ class Decoder(nn.Module):
         dtype, device = self.embed.dtype, self.embed.device
         self.device = device
         self.cache = KvSlots(len(self.layers), slots, kv_heads, positions, head_dim, dtype, device)
-        cos, sin = _rope_tables(base.rotary_emb, positions, dtype, device)
+        cos, sin = rope_tables(base.rotary_emb, positions, dtype, device)
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
         # float32 tables for kernels.c's rotation (``use_kernels``; a CPU only, where they are used)
         self._rope_f32 = None if device.type != "cpu" else (cos, sin) if dtype == torch.float32 \
-            else _rope_tables(base.rotary_emb, positions, torch.float32, device)
+            else rope_tables(base.rotary_emb, positions, torch.float32, device)
         self.register_buffer("columns", torch.arange(positions, device=device), persistent=False)
         self.compiled = compile
         self.attention: DecodeAttention | None = None  # a step's attention on a CPU (``use_kernels``)
@@ -441,13 +441,3 @@ class Decoder(nn.Module):
             attn_mask=causal, is_causal=causal is None, enable_gqa=True)
         return attended[0].transpose(0, 1).flatten(1)
 
-
-def _rope_tables(rotary: Any, positions: int, dtype: torch.dtype, device: torch.device) -> tuple[Tensor, Tensor]:
-    """cos and sin of every position, computed as transformers' rotary embedding does; the sines of
-    the first half negated (``rotate``)."""
-    inv_freq = rotary.inv_freq.to(device=device, dtype=torch.float32)
-    freqs = torch.arange(positions, device=device, dtype=torch.float32)[:, None] * inv_freq[None, :]
-    angles = torch.cat((freqs, freqs), dim=-1)
-    scale = getattr(rotary, "attention_scaling", 1.0)
-    signed_sin = torch.cat((-freqs.sin(), freqs.sin()), dim=-1)
-    return (angles.cos() * scale).to(dtype), (signed_sin * scale).to(dtype)

@@ -124,7 +124,7 @@ class Kernels:
         positions, head_dim]`` at each row's slot and position (``rows``: positions, slots, int64):
         ``layers.rotate`` and the cache writes in one call. ``qkv`` float32 ``[N, (heads + 2 kv_heads)
         * head_dim]`` (the fused product), ``tables`` float32 cosines and signed sines ``[positions,
-        head_dim]`` (``decoder._rope_tables``)."""
+        head_dim]`` (``layers.rope_tables``)."""
         count, kv, slot_positions, d = keys.shape
         (cos, sin), (positions, slots) = tables, rows
         name = _ROPE_STORE.get(keys.dtype)

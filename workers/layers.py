@@ -41,6 +41,17 @@ def rotate(x: Tensor, cos: Tensor, signed_sin: Tensor) -> Tensor:
     return x * cos + x.roll(x.shape[-1] // 2, -1) * signed_sin
 
 
+def rope_tables(rotary: Any, positions: int, dtype: torch.dtype, device: torch.device) -> tuple[Tensor, Tensor]:
+    """cos and sin of every position, computed as transformers' rotary embedding does; the sines of
+    the first half negated (``rotate``)."""
+    inv_freq = rotary.inv_freq.to(device=device, dtype=torch.float32)
+    freqs = torch.arange(positions, device=device, dtype=torch.float32)[:, None] * inv_freq[None, :]
+    angles = torch.cat((freqs, freqs), dim=-1)
+    scale = getattr(rotary, "attention_scaling", 1.0)
+    signed_sin = torch.cat((-freqs.sin(), freqs.sin()), dim=-1)
+    return (angles.cos() * scale).to(dtype), (signed_sin * scale).to(dtype)
+
+
 def _fused(*linears: Any) -> Linear:
     """One product for several of the model's linear layers, whose weights then become views of the
     fused one: the model still works, and its weights are not held twice."""

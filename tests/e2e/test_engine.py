@@ -2,7 +2,9 @@
 tokens they would get alone (greedy), each with its own budget."""
 
 import asyncio
+import contextlib
 import threading
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -282,31 +284,40 @@ class HeldCopies:
             await asyncio.sleep(0.001)
 
 
-async def running_beside_kept_prefixes(engine: Engine, kept: list[list[int]]) -> Collector:
-    """Slots 0 and 1 keep the prefixes of ``kept``'s two prompts; a long generation then runs in slot 0
-    (that slot's prefix moved aside at once, nobody else running), three tokens in."""
-    sinks = [Collector(), Collector()]
-    for prompt, sink in zip(kept, sinks, strict=True):
-        engine.submit(Generation(prompt, 8, RowSampler(SamplingParams()), [], sink))
-    await asyncio.wait_for(asyncio.gather(*(sink.done.wait() for sink in sinks)), 60)
-    running = Collector()
-    engine.submit(Generation([7, 8, 9], 400, RowSampler(SamplingParams()), [], running))
-    while len(running.tokens) < 3:
-        await asyncio.sleep(0.001)
-    return running
+@contextlib.asynccontextmanager
+async def copies_held_beside_a_running_sequence(
+        loaded: loader.LoadedModel, kept: list[list[int]]) -> AsyncIterator[tuple[Engine, HeldCopies, Collector]]:
+    """An engine whose slots 0 and 1 keep the prefixes of ``kept``'s two prompts, with a long
+    generation running in slot 0 (that slot's prefix moved aside at once, nobody else running), three
+    tokens in; its copies between slots held from then on (``HeldCopies``). Afterwards the copies are
+    released and the engine is stopped and closed."""
+    engine = Engine(loaded)
+    runner = asyncio.create_task(engine.run())
+    held: HeldCopies | None = None
+    try:
+        sinks = [Collector(), Collector()]
+        for prompt, sink in zip(kept, sinks, strict=True):
+            engine.submit(Generation(prompt, 8, RowSampler(SamplingParams()), [], sink))
+        await asyncio.wait_for(asyncio.gather(*(sink.done.wait() for sink in sinks)), 60)
+        running = Collector()
+        engine.submit(Generation([7, 8, 9], 400, RowSampler(SamplingParams()), [], running))
+        while len(running.tokens) < 3:
+            await asyncio.sleep(0.001)
+        held = HeldCopies(engine)
+        yield engine, held, running
+    finally:
+        if held is not None:
+            held.release.set()
+        runner.cancel()
+        engine.close()
 
 
 async def test_copies_between_slots_run_beside_the_steps_of_running_sequences(tiny: loader.LoadedModel) -> None:
     """On a CPU, a sequence whose start moves a prefix aside waits for the copy while the running
     sequences go on stepping (a long prefix's copy into fresh memory stalled them all for up to 110
     ms); it then runs as it would have, and the prefix moved aside is reused later."""
-    engine = Engine(tiny)
-    runner = asyncio.create_task(engine.run())
     second, third = list(range(200, 230)), list(range(300, 330))
-    held: HeldCopies | None = None
-    try:
-        running = await running_beside_kept_prefixes(engine, [list(range(100, 130)), second])
-        held = HeldCopies(engine)
+    async with copies_held_beside_a_running_sequence(tiny, [list(range(100, 130)), second]) as (engine, held, running):
         joining = Collector()  # slot 1: its prefix is moved aside beside the running sequence's steps
         engine.submit(Generation(third, 10, RowSampler(SamplingParams()), [], joining))
         await held.started()
@@ -322,11 +333,6 @@ async def test_copies_between_slots_run_beside_the_steps_of_running_sequences(ti
         repeated = Generation(second, 6, RowSampler(SamplingParams()), [], again)
         engine.submit(repeated)
         await asyncio.wait_for(again.done.wait(), 60)
-    finally:
-        if held is not None:
-            held.release.set()
-        runner.cancel()
-        engine.close()
     assert stepped >= 5 and held.threads[0].startswith("copies-")
     assert joining.tokens == alone(tiny, third, 10)
     assert repeated.cached_tokens == len(second) - 1  # from the slot its prefix was moved to
@@ -334,20 +340,16 @@ async def test_copies_between_slots_run_beside_the_steps_of_running_sequences(ti
 
 
 async def test_a_sequence_cancelled_while_its_copies_run_takes_no_step(tiny: loader.LoadedModel) -> None:
-    engine = Engine(tiny)
-    runner = asyncio.create_task(engine.run())
     third, fourth = list(range(300, 330)), list(range(400, 430))
     prompted: list[int] = []  # the prompt tokens of every step's chunks
-    run = engine.model.run
+    kept = [list(range(100, 130)), list(range(200, 230))]
+    async with copies_held_beside_a_running_sequence(tiny, kept) as (engine, held, running):
+        run = engine.model.run
 
-    def recorded(plan: StepPlan) -> torch.Tensor:
-        prompted.extend(token for chunk in plan.chunks for token in chunk.tokens)
-        return run(plan)
+        def recorded(plan: StepPlan) -> torch.Tensor:
+            prompted.extend(token for chunk in plan.chunks for token in chunk.tokens)
+            return run(plan)
 
-    held: HeldCopies | None = None
-    try:
-        running = await running_beside_kept_prefixes(engine, [list(range(100, 130)), list(range(200, 230))])
-        held = HeldCopies(engine)
         engine.model.run = recorded  # type: ignore[method-assign]
         cancelled = Collector()
         late = Generation(third, 10, RowSampler(SamplingParams()), [], cancelled)
@@ -359,11 +361,6 @@ async def test_a_sequence_cancelled_while_its_copies_run_takes_no_step(tiny: loa
         after = Collector()
         engine.submit(Generation(fourth, 4, RowSampler(SamplingParams()), [], after))
         await asyncio.wait_for(after.done.wait(), 60)
-    finally:
-        if held is not None:
-            held.release.set()
-        runner.cancel()
-        engine.close()
     assert cancelled.reason is Finish.CANCELLED and cancelled.tokens == []
     assert not set(third) & set(prompted) and set(fourth) <= set(prompted)  # no step took its prompt
     assert after.tokens == alone(tiny, fourth, 4)

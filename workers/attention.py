@@ -27,7 +27,7 @@ from torch import Tensor
 from workers import kernels
 
 MAX_GROUP, MAX_DIM = 16, 256  # as in kernels.c
-_FUNCTIONS = {torch.bfloat16: "attend_bf16", torch.float32: "attend_f32"}
+_FUNCTIONS = {torch.bfloat16: "attend_bf16", torch.float16: "attend_f16", torch.float32: "attend_f32"}
 
 
 class DecodeAttention:

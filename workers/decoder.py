@@ -76,9 +76,11 @@ class Decoder(nn.Module):
     sin: Tensor
     columns: Tensor
 
-    def __init__(self, model: Any, slots: int, positions: int, compile: bool = False) -> None:
+    def __init__(self, model: Any, slots: int, positions: int, compile: bool = False,
+                 cache_dtype: torch.dtype | None = None) -> None:
         """``model``: a transformers model (its weights are taken over, not copied); ``positions``:
-        the context window; ``compile``: compile the decoding step."""
+        the context window; ``compile``: compile the decoding step; ``cache_dtype``: the keys' and
+        values' (None: the model's; ``engine.cache_dtype``)."""
         super().__init__()
         config = model.config
         base = model.model
@@ -97,7 +99,7 @@ class Decoder(nn.Module):
         self._exact_output: tuple[Tensor, Tensor | None] | None = None
         dtype, device = self.embed.dtype, self.embed.device
         self.device = device
-        self.cache = KvSlots(len(self.layers), slots, kv_heads, positions, head_dim, dtype, device)
+        self.cache = KvSlots(len(self.layers), slots, kv_heads, positions, head_dim, cache_dtype or dtype, device)
         cos, sin = rope_tables(base.rotary_emb, positions, dtype, device)
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
@@ -399,8 +401,8 @@ class Decoder(nn.Module):
                 q = layer.project_stored(x, decoding[0], functools.partial(store, keys=keys, values=values))
             else:
                 q, k, v = layer.project(x, self.shape, cos, sin, decoding[0])
-                keys[slots, :, positions] = k
-                values[slots, :, positions] = v
+                keys[slots, :, positions] = k.to(keys.dtype)
+                values[slots, :, positions] = v.to(values.dtype)
             following = self.cache.layer(i + 1) if i + 1 < len(self.typed_layers) else None
             x = layer.finish(x, self._attend(q, keys, values, decoding, segments, kernel, following), decoding[0])
         return x
@@ -410,8 +412,10 @@ class Decoder(nn.Module):
                 following: tuple[Tensor, Tensor] | None = None) -> Tensor:
         """Attention of the step's rows: the first ones through the kernel (``_kernel_rows``) where it
         takes them (``following``: the next layer's cache, which its helper thread reads ahead), the
-        rest through torch (the decoding rows as one batch, each chunk on its own)."""
+        rest through torch (the decoding rows as one batch, each chunk on its own). Queries are taken
+        in the cache's dtype; the result is in the model's."""
         _, kv_heads, head_dim = self.shape
+        q = q.to(keys.dtype)
         parts = []
         rows, length, mask = decoding
         done = 0  # rows attended so far
@@ -430,7 +434,8 @@ class Decoder(nn.Module):
             if offset >= done:
                 parts.append(self._attend_chunk(q[offset:offset + count], keys, values, slot, start, end))
             offset += count
-        return parts[0] if len(parts) == 1 else torch.cat(parts)
+        attended = parts[0] if len(parts) == 1 else torch.cat(parts)
+        return attended.to(self.embed.dtype)
 
     def _attend_chunk(self, q: Tensor, keys: Tensor, values: Tensor, slot: int, start: int, end: int) -> Tensor:
         """Torch's attention of one prompt chunk (positions ``start..end-1`` of ``slot``), causal."""

@@ -37,9 +37,12 @@ def slot_model(loaded: LoadedModel, compile: bool) -> SlotModel:
     spec = loaded.spec
     reason = unsupported_reason(loaded.model)
     if reason is None:
-        decoder = Decoder(loaded.model, spec.max_batch_size, spec.context_window, compile=compile)
-        if loaded.device.type == "cpu" and loaded.kernel_dir is not None:  # before packing: it packs for them too
-            decoder.use_kernels(kernels.load(loaded.kernel_dir))
+        built = kernels.load(loaded.kernel_dir) if loaded.device.type == "cpu" and loaded.kernel_dir is not None \
+            else None
+        decoder = Decoder(loaded.model, spec.max_batch_size, spec.context_window, compile=compile,
+                          cache_dtype=cache_dtype(loaded, built, compile))
+        if built is not None:  # before packing: it packs for them too
+            decoder.use_kernels(built)
         if loaded.exact_weights:
             packed = decoder.pack_int4(loaded.exact_weights, loaded.int4_rows, lossless_only=spec.weights == "auto",
                                        merge_rows=loaded.merge_rows)
@@ -52,6 +55,20 @@ def slot_model(loaded: LoadedModel, compile: bool) -> SlotModel:
     logger.warning("model %s: the slot decoder does not support %s; running transformers' forward pass "
                    "one sequence at a time (slower)", spec.id, reason)
     return HfSlots(loaded.model, spec.max_batch_size, loaded.device)
+
+
+def cache_dtype(loaded: LoadedModel, built: kernels.Kernels | None, compile: bool) -> torch.dtype:
+    """The KV cache's dtype (``ModelSpec.kv_dtype``). ``auto``: float16 where a float32 model's eager
+    step attends through ``kernels.c`` and the CPU converts float16 itself (F16C): a step at 1,500
+    positions of one SmolLM2 sequence reads 35 MB of keys and values instead of 69
+    (docs/performance.md); elsewhere the model's dtype."""
+    wanted = loaded.spec.kv_dtype
+    if wanted != "auto":
+        return getattr(torch, wanted)  # type: ignore[no-any-return]
+    if built is not None and built.f16_fast and loaded.dtype == torch.float32 and not compile \
+            and kernels.runs_here("attend"):
+        return torch.float16
+    return loaded.dtype
 
 
 class Engine:

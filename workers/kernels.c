@@ -4,7 +4,7 @@
    decoding sequence's token or a prompt chunk's: its queries attend to positions 0..limits[r] of
    slot slots[r] (a limit below 0: the row's output is zeros). The queries of one key head's group
    share each key and value as it is read; scores, softmax and sums are float32 whatever the
-   cache's dtype. A prompt chunk's rows attend as blocks (below, "Blocks"). Returns 0; -1 for a
+   cache's dtype (float32, bfloat16, or float16: half a float32 cache's bytes, see from_f16). A prompt chunk's rows attend as blocks (below, "Blocks"). Returns 0; -1 for a
    group, head size or limit it does not take; -2 where memory for a block's work ran out.
 
    int8_*: a product with weights in 8-bit groups as GGUF's Q8_0 holds them (a code from -127 to 127
@@ -29,7 +29,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <time.h>
-#if defined(__AVX512F__) || defined(__AVX2__)
+#if defined(__AVX512F__) || defined(__AVX2__) || defined(__F16C__)
 #include <immintrin.h>
 #endif
 /* The products multiply codes as integers with AVX512-VNNI where the CPU has it, else with AVX2's
@@ -67,6 +67,70 @@ static inline uint16_t to_bf16(float f) {
 
 static inline float from_f32(float f) { return f; }
 static inline float to_f32(float f) { return f; }
+
+/* float16, a float32 model's cache where F16C converts it (workers/attention.py): half the bytes a
+   long row reads, with 11 significant bits against bfloat16's 8 (llama.cpp's default cache). Values
+   beyond float16's range are stored as its largest (an infinity would make a row's scores NaN). */
+#define F16_MAX 65504.0f
+#if defined(__F16C__)
+#define F16_FAST 1
+static inline float from_f16(uint16_t h) { return _cvtsh_ss(h); }
+static inline uint16_t to_f16(float f) {
+    return (uint16_t)_cvtss_sh(fminf(fmaxf(f, -F16_MAX), F16_MAX), _MM_FROUND_TO_NEAREST_INT);
+}
+#elif defined(__FLT16_MAX__)
+#if defined(__aarch64__)
+#define F16_FAST 1
+#else
+#define F16_FAST 0
+#endif
+static inline float from_f16(uint16_t h) {
+    _Float16 x;
+    memcpy(&x, &h, sizeof x);
+    return (float)x;
+}
+static inline uint16_t to_f16(float f) {
+    _Float16 x = (_Float16)fminf(fmaxf(f, -F16_MAX), F16_MAX);
+    uint16_t h;
+    memcpy(&h, &x, sizeof h);
+    return h;
+}
+#else
+#define F16_FAST 0
+static inline float from_f16(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exponent = (h >> 10) & 0x1F, mantissa = h & 0x3FF;
+    float f = exponent == 0 ? ldexpf((float)mantissa, -24)
+              : exponent == 31 ? (mantissa ? NAN : INFINITY) : ldexpf((float)(mantissa | 0x400), (int)exponent - 25);
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    u |= sign;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+static inline uint16_t to_f16(float f) { /* round to nearest even through float's own rounding */
+    uint16_t sign = signbit(f) ? 0x8000 : 0;
+    float a = fminf(fabsf(f), F16_MAX);
+    if (isnan(f)) return 0x7E00;
+    if (a < 6.103515625e-05f) return sign | (uint16_t)lrintf(a * 16777216.0f); /* subnormal: units of 2^-24 */
+    int e;
+    float m = frexpf(a, &e);                                    /* a = m 2^e, m in [0.5, 1) */
+    uint32_t bits = (uint32_t)lrintf(ldexpf(m, 11));            /* 11 significant bits, may round to 2^11 */
+    if (bits == 2048) bits = 1024, e++;
+    return sign | (uint16_t)(((uint32_t)(e + 14) << 10) | (bits & 0x3FF));
+}
+#endif
+int f16_fast(void) { return F16_FAST; }
+
+/* A float16 row of n as float32: 8 at a time with F16C (gcc converts one element at a time). */
+static inline __attribute__((always_inline)) void row_f16(float *row, const uint16_t *src, int64_t n) {
+    int64_t i = 0;
+#if defined(__F16C__)
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(row + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + i))));
+#endif
+    for (; i < n; i++) row[i] = from_f16(src[i]);
+}
+#define ROW_EACH(row, src, n, LOAD) for (int64_t e_ = 0; e_ < (n); e_++) (row)[e_] = LOAD((src)[e_])
+#define ROW_F16(row, src, n, LOAD) row_f16(row, src, n)
 
 #if defined(__AVX512F__)
 /* e^x of 16 x <= 0 at once: 2^n e^f, n the integer nearest x log2(e) and e^f (|f| <= ln(2) / 2) by its
@@ -146,7 +210,7 @@ static int values_early(int64_t bytes) {
    positions: 768 KB against a 512 KB L2), the values fetched early were gone again by the sums
    pass, which read them from memory a second time: there the values are fetched ahead in that pass
    instead, a quarter off the attention of a one-stream step at 1,500 positions. */
-#define DEFINE_HEAD(NAME, T, LOAD, STORE, DIM, DIMS, GRP, GRPS)                                      \
+#define DEFINE_HEAD(NAME, T, LOAD, STORE, ROW, DIM, DIMS, GRP, GRPS)                                 \
     static void NAME(const T *q, const T *k, const T *v, int64_t length, int64_t group, int64_t d, \
                      float scale, float *scores, int64_t stride, T *out) {                         \
         (void)d;                                                                                   \
@@ -159,7 +223,7 @@ static int values_early(int64_t bytes) {
             float row[DIMS];                                                                       \
             if (early) prefetch_row(v + t * DIM, DIM * (int64_t)sizeof(T));                         \
             prefetch_row(k + (t + PREFETCH_AHEAD) * DIM, DIM * (int64_t)sizeof(T));                 \
-            for (int64_t i = 0; i < DIM; i++) row[i] = LOAD(k[t * DIM + i]);                        \
+            ROW(row, k + t * DIM, DIM, LOAD);                                                      \
             for (int64_t g = 0; g < GRP; g++) {                                                    \
                 float s = 0.0f;                                                                    \
                 for (int64_t i = 0; i < DIM; i++) s += qf[g][i] * row[i];                          \
@@ -173,7 +237,7 @@ static int values_early(int64_t bytes) {
         for (int64_t t = 0; t < length; t++) {                                                     \
             float row[DIMS];                                                                       \
             if (!early) prefetch_row(v + (t + PREFETCH_AHEAD) * DIM, DIM * (int64_t)sizeof(T));     \
-            for (int64_t i = 0; i < DIM; i++) row[i] = LOAD(v[t * DIM + i]);                        \
+            ROW(row, v + t * DIM, DIM, LOAD);                                                      \
             for (int64_t g = 0; g < GRP; g++) {                                                    \
                 float p = scores[g * stride + t];                                                  \
                 for (int64_t i = 0; i < DIM; i++) acc[g][i] += p * row[i];                         \
@@ -183,12 +247,12 @@ static int values_early(int64_t bytes) {
             for (int64_t i = 0; i < DIM; i++) out[g * DIM + i] = STORE(acc[g][i]);                 \
     }
 
-#define DEFINE_HEADS(SUFFIX, T, LOAD, STORE, DIM)                                                     \
-    DEFINE_HEAD(head##DIM##_1_##SUFFIX, T, LOAD, STORE, DIM, DIM, 1, 1)                              \
-    DEFINE_HEAD(head##DIM##_2_##SUFFIX, T, LOAD, STORE, DIM, DIM, 2, 2)                              \
-    DEFINE_HEAD(head##DIM##_3_##SUFFIX, T, LOAD, STORE, DIM, DIM, 3, 3)                              \
-    DEFINE_HEAD(head##DIM##_4_##SUFFIX, T, LOAD, STORE, DIM, DIM, 4, 4)                              \
-    DEFINE_HEAD(head##DIM##_n_##SUFFIX, T, LOAD, STORE, DIM, DIM, group, MAX_GROUP)
+#define DEFINE_HEADS(SUFFIX, T, LOAD, STORE, ROW, DIM)                                                \
+    DEFINE_HEAD(head##DIM##_1_##SUFFIX, T, LOAD, STORE, ROW, DIM, DIM, 1, 1)                         \
+    DEFINE_HEAD(head##DIM##_2_##SUFFIX, T, LOAD, STORE, ROW, DIM, DIM, 2, 2)                         \
+    DEFINE_HEAD(head##DIM##_3_##SUFFIX, T, LOAD, STORE, ROW, DIM, DIM, 3, 3)                         \
+    DEFINE_HEAD(head##DIM##_4_##SUFFIX, T, LOAD, STORE, ROW, DIM, DIM, 4, 4)                         \
+    DEFINE_HEAD(head##DIM##_n_##SUFFIX, T, LOAD, STORE, ROW, DIM, DIM, group, MAX_GROUP)
 
 /* Blocks: a prompt chunk's rows (consecutive rows of one slot), with AVX512. Their queries share each
    key and value as it is read, as the per-row heads do for one row's group, and the arithmetic is
@@ -233,6 +297,7 @@ static inline __m512 load16_f32(const float *p) { return _mm512_loadu_ps(p); }
 static inline __m512 load16_bf16(const uint16_t *p) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
 }
+static inline __m512 load16_f16(const uint16_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
 
 /* Keys 0..count-1 (count <= 16; the rest as zeros), d apart, each 16 of its elements at once (as
    float32, or 32 bfloat16 as pairs): out[i] lane j = key j's element (or pair) i. */
@@ -411,6 +476,7 @@ static void softmax_to(float *s, int64_t length, int64_t width) {
 
 #define PREP_F32(queries, i, src, d) for (int64_t e = 0; e < (d); e++) (queries)[(i) * (d) + e] = from_f32((src)[e])
 #define PREP_BF16_AS_F32(queries, i, src, d) for (int64_t e = 0; e < (d); e++) (queries)[(i) * (d) + e] = from_bf16((src)[e])
+#define PREP_F16_AS_F32(queries, i, src, d) row_f16((queries) + (i) * (d), (src), (d))
 #define KEEP_FLOAT32(p, length) (void)0
 #define PREP_PAIRS(queries, i, src, d) memcpy((queries) + (i) * ((d) / 2), (src), (size_t)(d) * sizeof(uint16_t))
 
@@ -424,6 +490,9 @@ DEFINE_TILE(tile_bf16_as_f32, uint16_t, load16_bf16, 16)
 DEFINE_BLOCK(bf16, uint16_t, to_bf16, float, PREP_BF16_AS_F32, tile_bf16_as_f32, tile_scores_f32, KEEP_FLOAT32, \
              values_bf16)
 #endif
+DEFINE_VALUES(values_f16, uint16_t, load16_f16)
+DEFINE_TILE(tile_f16_as_f32, uint16_t, load16_f16, 16)
+DEFINE_BLOCK(f16, uint16_t, to_f16, float, PREP_F16_AS_F32, tile_f16_as_f32, tile_scores_f32, KEEP_FLOAT32, values_f16)
 #endif
 
 /* How many rows from row r attend as one block (consecutive rows of one slot: a prompt chunk's), or 1
@@ -461,13 +530,14 @@ static int64_t block_rows(const int64_t *slots, int64_t r, int64_t rows, int64_t
     }
 DEFINE_ATTEND_BLOCK(f32, float)
 DEFINE_ATTEND_BLOCK(bf16, uint16_t)
+DEFINE_ATTEND_BLOCK(f16, uint16_t)
 #define ATTEND_BLOCK(SUFFIX, ...) attend_block_##SUFFIX(__VA_ARGS__)
 #else
 #define ATTEND_BLOCK(SUFFIX, ...) 0 /* never: block_rows is 1 without AVX512 */
 #endif
 
-typedef void (*head_fn_bf16)(const uint16_t *, const uint16_t *, const uint16_t *, int64_t, int64_t, int64_t,
-                             float, float *, int64_t, uint16_t *);
+typedef void (*head_fn_u16)(const uint16_t *, const uint16_t *, const uint16_t *, int64_t, int64_t, int64_t,
+                            float, float *, int64_t, uint16_t *); /* a bfloat16 or float16 cache */
 typedef void (*head_fn_f32)(const float *, const float *, const float *, int64_t, int64_t, int64_t, float,
                             float *, int64_t, float *);
 
@@ -512,7 +582,7 @@ typedef struct {
     const char *q, *keys, *values, *next_keys, *next_values; /* next_*: the next layer's cache, or NULL */
     char *out;
     float scale;
-    head_fn_bf16 head_bf16; /* one of the two */
+    head_fn_u16 head_u16; /* one of the two */
     head_fn_f32 head_f32;
 } helper_layer;
 
@@ -559,8 +629,8 @@ static void run_item(const helper_job *j, int64_t i, float *scores) {
     int64_t at = j->at[i] * l->elem, row = j->row[i], h = j->head[i];
     const char *q = l->q + (row * l->q_stride + h * l->group * l->d) * l->elem;
     char *out = l->out + (row * l->kv + h) * l->group * l->d * l->elem;
-    if (l->head_bf16)
-        l->head_bf16((const uint16_t *)q, (const uint16_t *)(l->keys + at), (const uint16_t *)(l->values + at),
+    if (l->head_u16)
+        l->head_u16((const uint16_t *)q, (const uint16_t *)(l->keys + at), (const uint16_t *)(l->values + at),
                      j->length[i], l->group, l->d, l->scale, scores, l->positions, (uint16_t *)out);
     else
         l->head_f32((const float *)q, (const float *)(l->keys + at), (const float *)(l->values + at), j->length[i],
@@ -763,14 +833,14 @@ static void helper_finish(helper_job *job, float *scores) {
     atomic_store(&helper.caller, 0);
 }
 
-#define DEFINE_ATTEND(SUFFIX, T, LOAD, STORE)                                                          \
-    DEFINE_HEADS(SUFFIX, T, LOAD, STORE, 64)                                                         \
-    DEFINE_HEADS(SUFFIX, T, LOAD, STORE, 128)                                                        \
-    DEFINE_HEAD(head_any_##SUFFIX, T, LOAD, STORE, d, MAX_DIM, group, MAX_GROUP)                     \
-    static head_fn_##SUFFIX pick_##SUFFIX(int64_t group, int64_t d) {                                \
-        static const head_fn_##SUFFIX by64[] = {head64_1_##SUFFIX, head64_2_##SUFFIX, head64_3_##SUFFIX, \
+#define DEFINE_ATTEND(SUFFIX, T, LOAD, STORE, ROW, KIND)                                               \
+    DEFINE_HEADS(SUFFIX, T, LOAD, STORE, ROW, 64)                                                    \
+    DEFINE_HEADS(SUFFIX, T, LOAD, STORE, ROW, 128)                                                   \
+    DEFINE_HEAD(head_any_##SUFFIX, T, LOAD, STORE, ROW, d, MAX_DIM, group, MAX_GROUP)                \
+    static head_fn_##KIND pick_##SUFFIX(int64_t group, int64_t d) {                                  \
+        static const head_fn_##KIND by64[] = {head64_1_##SUFFIX, head64_2_##SUFFIX, head64_3_##SUFFIX, \
                                                 head64_4_##SUFFIX};                                  \
-        static const head_fn_##SUFFIX by128[] = {head128_1_##SUFFIX, head128_2_##SUFFIX,               \
+        static const head_fn_##KIND by128[] = {head128_1_##SUFFIX, head128_2_##SUFFIX,               \
                                                  head128_3_##SUFFIX, head128_4_##SUFFIX};            \
         if (d == 64) return group <= 4 ? by64[group - 1] : head64_n_##SUFFIX;                        \
         if (d == 128) return group <= 4 ? by128[group - 1] : head128_n_##SUFFIX;                     \
@@ -783,11 +853,11 @@ static void helper_finish(helper_job *job, float *scores) {
         if (group < 1 || group > MAX_GROUP || d > MAX_DIM) return -1;                                \
         for (int64_t r = 0; r < rows; r++)                                                           \
             if (limits[r] + 1 > positions) return -1;                                                \
-        head_fn_##SUFFIX head = pick_##SUFFIX(group, d);                                             \
+        head_fn_##KIND head = pick_##SUFFIX(group, d);                                               \
         helper_layer layer = {q_stride, kv, group, d, positions, (int64_t)sizeof(T), (const char *)q, \
                               (const char *)keys, (const char *)values, (const char *)next_keys,     \
                               (const char *)next_values, (char *)out, scale, NULL, NULL};            \
-        layer.head_##SUFFIX = head;                                                                  \
+        layer.head_##KIND = head;                                                                    \
         helper_job *job = helper_post(&layer, slots, limits, rows);                                  \
         for (int64_t r = 0; r < rows;) {                                                             \
             int64_t m = block_rows(slots, r, rows, d);                                               \
@@ -818,8 +888,9 @@ static void helper_finish(helper_job *job, float *scores) {
         return 0;                                                                                    \
     }
 
-DEFINE_ATTEND(bf16, uint16_t, from_bf16, to_bf16)
-DEFINE_ATTEND(f32, float, from_f32, to_f32)
+DEFINE_ATTEND(bf16, uint16_t, from_bf16, to_bf16, ROW_EACH, u16)
+DEFINE_ATTEND(f16, uint16_t, from_f16, to_f16, ROW_F16, u16)
+DEFINE_ATTEND(f32, float, from_f32, to_f32, ROW_EACH, f32)
 
 /* A step's queries, keys and values after their product (qkv [rows, (heads + 2 kv) * d] float32):
    queries and keys rotated as transformers does (x * cos + rotate_half(x) * sin at the row's
@@ -853,6 +924,7 @@ DEFINE_ATTEND(f32, float, from_f32, to_f32)
         return 0;                                                                                      \
     }
 DEFINE_ROPE_STORE(bf16, uint16_t, to_bf16)
+DEFINE_ROPE_STORE(f16, uint16_t, to_f16)
 DEFINE_ROPE_STORE(f32, float, to_f32)
 
 #define MAX_TOP 64

@@ -48,7 +48,9 @@ _LIBS = (["-lmvec", "-lm", "-lpthread"], ["-lm", "-lpthread"])
 _P, _I = ctypes.c_void_p, ctypes.c_int64
 _SIGNATURES: dict[str, list[type]] = {
     "attend_bf16": [_P, _I, _P, _P, _P, _P, _I, _I, _I, _I, _I, ctypes.c_float, _P, _P, _P, _P],
+    "attend_f16": [_P, _I, _P, _P, _P, _P, _I, _I, _I, _I, _I, ctypes.c_float, _P, _P, _P, _P],
     "attend_f32": [_P, _I, _P, _P, _P, _P, _I, _I, _I, _I, _I, ctypes.c_float, _P, _P, _P, _P],
+    "f16_fast": [],
     "helper_configure": [_I],
     "int8_matmul": [_P, _I, _I, _P, _P, _I, _P],
     "int4_matmul": [_P, _I, _I, _P, _P, _P, _I, _P],
@@ -57,9 +59,10 @@ _SIGNATURES: dict[str, list[type]] = {
     "silu_mul_f32": [_P, _I, _I, _P],
     "top_k_f32": [_P, _I, _I, _I, _P],
     "rope_store_bf16": [_P, _I, _I, _I, _I, _P, _P, _P, _P, _I, _I, _P, _P, _P],
+    "rope_store_f16": [_P, _I, _I, _I, _I, _P, _P, _P, _P, _I, _I, _P, _P, _P],
     "rope_store_f32": [_P, _I, _I, _I, _I, _P, _P, _P, _P, _I, _I, _P, _P, _P],
 }
-_ROPE_STORE = {torch.bfloat16: "rope_store_bf16", torch.float32: "rope_store_f32"}
+_ROPE_STORE = {torch.bfloat16: "rope_store_bf16", torch.float16: "rope_store_f16", torch.float32: "rope_store_f32"}
 
 
 class Kernels:
@@ -74,6 +77,8 @@ class Kernels:
             self.functions[name] = function
         # built with AVX512-VNNI or AVX2 (this CPU has it): otherwise the products are plain C, slower than torch's
         self.int8_vectorised = bool(self.functions["int8_vectorised"]())
+        # float16 converted by the CPU's own instructions (F16C): a float16 cache costs no more arithmetic
+        self.f16_fast = bool(self.functions["f16_fast"]())
 
     def configure_helper(self, min_length: int) -> bool:
         """Decoding rows at least ``min_length`` long attend with ``kernels.c``'s helper thread from now

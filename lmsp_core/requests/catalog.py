@@ -53,6 +53,10 @@ class ModelSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     capabilities: list[Capability]
     device: str = "auto"  # "auto" picks CUDA when present, else CPU
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    # the KV cache's dtype. "auto": float16 for a float32 model on a CPU whose step attends through
+    # workers/kernels.c with the CPU's own float16 conversions (half the bytes a long sequence reads
+    # every step, llama.cpp's default cache), else the model's dtype
+    kv_dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     max_batch_size: Annotated[int, Meta(ge=1, le=1024)] = 32
     # compile the decoding step (torch.compile; CUDA graphs on a GPU) after a warm-up that compiles
     # once and is cached on disk. "auto": on CUDA only; on a CPU it measured no steady gain for minutes
@@ -88,6 +92,7 @@ TINY_RANDOM = ModelSpec(
     max_output_tokens=1024,
     capabilities=["streaming", "tools", "structured_output", "conversations"],
     dtype="float32",  # the same greedy tokens alone and in any batch (the tests rely on it)
+    kv_dtype="float32",  # and the same as transformers' generate (a random model's logits are near ties)
     compile=False,  # built in a second: for tests, which should not wait for a compiler
 )
 

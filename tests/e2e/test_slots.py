@@ -20,7 +20,7 @@ from lmsp_core.settings import load_settings
 from tests.e2e.test_engine import Collector
 from workers import kernels, loader, precision, scheduler, weights
 from workers.decoder import REFINED, Decoder, unsupported_reason
-from workers.engine import Engine, Finish, Generation
+from workers.engine import Engine, Finish, Generation, cache_dtype
 from workers.hfslots import HfSlots
 from workers.kvslots import Chunk, Feed, StepPlan
 from workers.sampling import RowSampler, SamplingParams
@@ -106,6 +106,30 @@ def test_the_slot_decoder_matches_transformers(kind: str, kernel: bool,
         assert decode_greedy(decoder, prompt, 20, slot=2, chunk=5) == reference  # the prompt in chunks
     assert bool(activated) == kernel
     assert generate(model, prompt, 20) == reference  # the model works on with the fused weights' views
+
+
+@pytest.mark.parametrize("kernel", [False, True], ids=["torch", "kernels.c"])
+@pytest.mark.parametrize("kind", ["llama", "qwen3"])  # the cache written by kernels.c's rotation, and by torch's
+def test_a_float16_cache_decodes_within_its_rounding(kind: str, kernel: bool,
+                                                     tmp_path_factory: pytest.TempPathFactory) -> None:
+    model = random_model(CONFIGS[kind])
+    prompt = list(range(7, 40))
+    exact = Decoder(model, slots=3, positions=256)
+    tokens = decode_greedy(exact, prompt, 20)
+    expected = forced_logits(exact, prompt, tokens)
+    built = kernels.load(tmp_path_factory.getbasetemp() / "kernels") if kernel else None
+
+    def error(cache_dtype: torch.dtype) -> float:
+        decoder = Decoder(model, slots=3, positions=256, cache_dtype=cache_dtype)
+        decoder.use_kernels(built)
+        assert decoder.cache.layer(1)[1].dtype == cache_dtype
+        with one_thread() if kernel else contextlib.nullcontext():
+            assert cache_dtype != torch.float16 or decode_greedy(decoder, prompt, 20, slot=2, chunk=5) == tokens
+            return float((forced_logits(decoder, prompt, tokens) - expected).norm() / expected.norm())
+
+    # float16 keeps 3 more bits than bfloat16: its logits are off the float32 cache's by far less
+    half, brain = error(torch.float16), error(torch.bfloat16)
+    assert 0 < half < brain / 4, (half, brain)
 
 
 def test_other_architectures_run_through_transformers() -> None:
@@ -252,6 +276,33 @@ async def test_prompts_that_arrive_together_while_nobody_decodes_go_in_at_once(t
                                                                                        (2, 300, True)]
     for prompt, sink in zip(prompts, sinks, strict=True):
         assert sink.tokens == generate(tiny.model, prompt, 4)
+
+
+async def test_auto_keeps_a_float32_models_cache_in_float16_where_kernels_c_attends(tiny: loader.LoadedModel) -> None:
+    assert tiny.kernel_dir is not None
+    built = kernels.load(tiny.kernel_dir)
+    assert built is not None
+    auto = loader.LoadedModel(msgspec.structs.replace(TINY_RANDOM, kv_dtype="auto"), tiny.model, tiny.card,
+                              tiny.device, kernel_dir=tiny.kernel_dir)
+    in_bfloat16 = loader.LoadedModel(auto.spec, random_model(CONFIGS["llama"], torch.bfloat16), tiny.card, tiny.device)
+    half = torch.float16 if built.f16_fast else torch.float32  # F16C converts it (every x86-64 CPU with AVX2)
+    with one_thread():
+        assert cache_dtype(auto, built, compile=False) == half
+        assert cache_dtype(auto, built, compile=True) == torch.float32  # a compiled step attends through torch
+        assert cache_dtype(auto, None, compile=False) == torch.float32
+        assert cache_dtype(in_bfloat16, built, compile=False) == torch.bfloat16
+        assert cache_dtype(tiny, built, compile=False) == torch.float32  # tiny-random asks for float32
+        engine = Engine(auto)
+    assert isinstance(engine.model, Decoder) and engine.model.cache.layer(0)[0].dtype == half
+    sink = Collector()
+    engine.submit(Generation(list(range(5, 300)), 40, RowSampler(SamplingParams()), [], sink))
+    runner = asyncio.create_task(engine.run())
+    try:
+        await asyncio.wait_for(sink.done.wait(), 60)
+    finally:
+        runner.cancel()
+        engine.close()
+    assert sink.reason == "length" and len(sink.tokens) == 40
 
 
 async def test_a_free_slot_is_taken_by_the_next_sequence(tiny: loader.LoadedModel) -> None:

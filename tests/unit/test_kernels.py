@@ -22,6 +22,15 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> kernels.Kernels:
     return loaded
 
 
+CACHE_DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+
+
+def tolerance_of(dtype: torch.dtype) -> float:
+    """Of a result in ``dtype``: float32's arithmetic, else the result's rounding (bfloat16's, also of
+    the probabilities in a chunk's blocks, as torch's own CPU attention rounds them)."""
+    return {torch.float32: 1e-5, torch.float16: 2e-3}.get(dtype, 1e-2)
+
+
 def reference(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, slots: list[int],
               limits: list[int]) -> torch.Tensor:
     """torch's attention in float64 of each row over its slot, up to its limit (zeros below 0)."""
@@ -36,7 +45,7 @@ def reference(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, slots: 
     return out.flatten(1)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", CACHE_DTYPES)
 @pytest.mark.parametrize(("kv_heads", "group", "head_dim"), [(3, 3, 64), (2, 4, 128), (2, 2, 16), (4, 1, 32)])
 def test_the_kernel_attends_as_torch_does(built: kernels.Kernels, dtype: torch.dtype, kv_heads: int, group: int,
                                           head_dim: int) -> None:
@@ -51,13 +60,13 @@ def test_the_kernel_attends_as_torch_does(built: kernels.Kernels, dtype: torch.d
     assert kernel.supports(q, keys)
     got = kernel(q, keys, values, np.asarray(slots), np.asarray(limits))
     assert got.dtype == dtype and got.shape == (len(limits), kv_heads * group * head_dim)
-    tolerance = 1e-5 if dtype == torch.float32 else 1e-2  # bfloat16: its rounding of the result
+    tolerance = tolerance_of(dtype)
     expected = reference(q, keys, values, slots, limits)
     torch.testing.assert_close(got.double(), expected, rtol=tolerance, atol=tolerance)
     assert not got[3].any()  # a row below 0 attends to nothing
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", CACHE_DTYPES)
 @pytest.mark.parametrize(("kv_heads", "group", "head_dim"), [(3, 3, 64), (2, 4, 128), (1, 7, 64)])
 def test_prompt_chunks_attend_as_blocks_as_torch_does(built: kernels.Kernels, dtype: torch.dtype, kv_heads: int,
                                                       group: int, head_dim: int) -> None:
@@ -75,13 +84,12 @@ def test_prompt_chunks_attend_as_blocks_as_torch_does(built: kernels.Kernels, dt
     keys, values = (torch.randn(4, kv_heads, positions, head_dim, generator=generator).to(dtype) for _ in range(2))
     q = torch.randn(len(limits), kv_heads * group, head_dim, generator=generator).to(dtype)
     got = kernel(q, keys, values, np.asarray(slots), np.asarray(limits))
-    # bfloat16: its rounding of the result, and of the probabilities (as torch's own CPU attention)
-    tolerance = 1e-5 if dtype == torch.float32 else 1e-2
+    tolerance = tolerance_of(dtype)
     torch.testing.assert_close(got.double(), reference(q, keys, values, slots, limits), rtol=tolerance,
                                atol=tolerance)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", CACHE_DTYPES)
 def test_long_rows_attend_with_the_helper_thread_as_without_it(built: kernels.Kernels, dtype: torch.dtype) -> None:
     """With the helper thread on (kernels.c, "The helper"), the key heads of decoding rows at least the
     length it is given are items that either thread runs: bit for bit the attention without it, in
@@ -104,7 +112,7 @@ def test_long_rows_attend_with_the_helper_thread_as_without_it(built: kernels.Ke
     finally:
         built.configure_helper(0)
     assert all(torch.equal(run, alone) for run in runs)
-    tolerance = 1e-5 if dtype == torch.float32 else 1e-2
+    tolerance = tolerance_of(dtype)
     torch.testing.assert_close(alone.double(), reference(q, keys, values, list(slots), list(limits)),
                                rtol=tolerance, atol=tolerance)
 
@@ -201,7 +209,7 @@ def test_silu_mul_is_torchs(built: kernels.Kernels) -> None:
         built.silu_mul(torch.randn(3, 400)[:, ::2])  # rows apart
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", CACHE_DTYPES)
 def test_rope_store_rotates_and_writes_the_cache_as_torch_does(built: kernels.Kernels, dtype: torch.dtype) -> None:
     """``layers.rotate`` and the decoder's cache writes (``keys[slots, :, positions] = k``), against
     torch: two decoding rows and a chunk of three tokens of slot 2."""
@@ -218,11 +226,15 @@ def test_rope_store_rotates_and_writes_the_cache_as_torch_does(built: kernels.Ke
     expected_keys, expected_values = torch.zeros_like(keys), torch.zeros_like(values)
     expected_keys[rows[1], :, rows[0]] = turned[:, heads:].to(dtype)
     expected_values[rows[1], :, rows[0]] = qkv[:, (heads + kv) * d:].unflatten(-1, (kv, d)).to(dtype)
-    tolerance = 1e-6 if dtype == torch.float32 else 1e-2  # bfloat16: rounded once, from float32
+    tolerance = 1e-6 if dtype == torch.float32 else tolerance_of(dtype)  # rounded once, from float32
     assert q.dtype == dtype and q.shape == (5, heads, d)
     torch.testing.assert_close(q.float(), turned[:, :heads], rtol=tolerance, atol=tolerance)
     torch.testing.assert_close(keys.float(), expected_keys.float(), rtol=tolerance, atol=tolerance)
     assert torch.equal(values, expected_values)
+    if dtype == torch.float16:  # beyond float16's range: its largest value, not an infinity
+        qkv[0, -d:] = torch.linspace(-1e6, 1e6, d)
+        built.rope_store(qkv, heads, (cos, sin), rows, keys, values)
+        assert values.isfinite().all() and values[0, -1, 7].abs().max() == torch.finfo(torch.float16).max
     with pytest.raises(ValueError, match="outside"):
         built.rope_store(qkv, heads, (cos, sin), (np.asarray([7, 40, 0, 1, 2]), rows[1]), keys, values)
     with pytest.raises(ValueError, match="does not take"):
@@ -238,7 +250,7 @@ def test_shapes_beyond_the_kernel_are_left_to_torch(built: kernels.Kernels) -> N
     kernel = attention.decode_attention(built, 2, 64, 16)
     assert kernel is not None
     keys = torch.zeros(1, 1, 16, 64)
-    assert not kernel.supports(torch.zeros(1, 2, 64, dtype=torch.float16), keys.half())  # a dtype it lacks
+    assert not kernel.supports(torch.zeros(1, 2, 64, dtype=torch.float64), keys.double())  # a dtype it lacks
     assert not kernel.supports(torch.zeros(1, 2, 64), keys.bfloat16())  # queries and keys differ
     assert not kernel.supports(torch.zeros(1, 3, 64), keys)  # not its group
     assert not kernel.supports(torch.zeros(1, 2, 64), torch.zeros(1, 1, 17, 64))  # more positions than its scratch

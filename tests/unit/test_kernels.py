@@ -46,7 +46,8 @@ def reference(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, slots: 
 
 
 @pytest.mark.parametrize("dtype", CACHE_DTYPES)
-@pytest.mark.parametrize(("kv_heads", "group", "head_dim"), [(3, 3, 64), (2, 4, 128), (2, 2, 16), (4, 1, 32)])
+@pytest.mark.parametrize(("kv_heads", "group", "head_dim"),
+                         [(3, 3, 64), (2, 4, 128), (2, 1, 64), (1, 2, 128), (2, 5, 64), (2, 2, 16), (4, 1, 32)])
 def test_the_kernel_attends_as_torch_does(built: kernels.Kernels, dtype: torch.dtype, kv_heads: int, group: int,
                                           head_dim: int) -> None:
     # decoding rows (row r: slot r), then a chunk of three tokens of slot 4 at positions 120-122

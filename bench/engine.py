@@ -150,9 +150,10 @@ async def greedy_answer(loaded: loader.LoadedModel, prompt: list[int], tokens: i
 
 
 async def same_text(loaded: loader.LoadedModel, cache: Path, prompt: list[int], tokens: int = 256) -> str:
-    """Whether the model as loaded (4-bit decoding where it packs) answers ``prompt`` as the float32
-    model with dense weights does, greedy."""
-    exact = loader.load(msgspec.structs.replace(loaded.spec, dtype="float32", weights="dense"), cache)
+    """Whether the model as loaded (4-bit decoding where it packs, its cache's dtype) answers ``prompt``
+    as the float32 model with dense weights and a float32 cache does, greedy."""
+    exact = loader.load(msgspec.structs.replace(loaded.spec, dtype="float32", weights="dense", kv_dtype="float32"),
+                        cache)
     expected = await greedy_answer(exact, prompt, tokens)
     got = await greedy_answer(weights_variant(loaded, "auto"), prompt, tokens)
     if got == expected:

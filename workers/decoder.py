@@ -32,7 +32,7 @@ from torch import Tensor, nn
 from torch.nn import functional
 
 from workers import kernels
-from workers.attention import DecodeAttention, decode_attention
+from workers.attention import DecodeAttention, StepRows, decode_attention
 from workers.cudagraphs import StepGraphs
 from workers.kvslots import KvSlots, StepPlan
 from workers.layers import Layer, NativeNorm, norm, rope_tables
@@ -390,6 +390,7 @@ class Decoder(nn.Module):
         start, end). ``stored``: the rows' positions and slots, where ``kernels.c`` rotates and writes
         the cache (``_rope_store``)."""
         x = functional.embedding(tokens, self.embed).float()
+        bound = None if kernel is None or self.attention is None else self.attention.rows(*kernel)
         store = None
         if stored is not None and self._rope_store is not None and not torch.compiler.is_compiling():
             store = functools.partial(self._rope_store, rows=stored)
@@ -404,11 +405,11 @@ class Decoder(nn.Module):
                 keys[slots, :, positions] = k.to(keys.dtype)
                 values[slots, :, positions] = v.to(values.dtype)
             following = self.cache.layer(i + 1) if i + 1 < len(self.typed_layers) else None
-            x = layer.finish(x, self._attend(q, keys, values, decoding, segments, kernel, following), decoding[0])
+            x = layer.finish(x, self._attend(q, keys, values, decoding, segments, bound, following), decoding[0])
         return x
 
     def _attend(self, q: Tensor, keys: Tensor, values: Tensor, decoding: Decoding,
-                segments: tuple[tuple[int, int, int], ...], kernel: KernelRows | None,
+                segments: tuple[tuple[int, int, int], ...], kernel: StepRows | None,
                 following: tuple[Tensor, Tensor] | None = None) -> Tensor:
         """Attention of the step's rows: the first ones through the kernel (``_kernel_rows``) where it
         takes them (``following``: the next layer's cache, which its helper thread reads ahead), the
@@ -419,9 +420,9 @@ class Decoder(nn.Module):
         parts = []
         rows, length, mask = decoding
         done = 0  # rows attended so far
-        if kernel is not None and self.attention is not None and self.attention.supports(q, keys):
-            done = len(kernel[0])
-            parts.append(self.attention(q[:done], keys, values, *kernel, following))
+        if kernel is not None and kernel.takes(q[:kernel.count], keys):
+            done = kernel.count
+            parts.append(kernel(q[:done], keys, values, following))
         elif rows:
             # the queries that share a key head attend as one block: no repeated keys
             grouped = q[:rows].view(rows, kv_heads, self.group, head_dim)

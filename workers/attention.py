@@ -6,7 +6,9 @@ what reading the keys and values does (SmolLM2, bfloat16, one thread, on an AVX5
 decoding row 27 us a layer at 64 positions, 326 at 1,500, the kernel 9 and 106), and it was most of
 what made a long generation's last tokens slower than its first. The kernel runs each decoding row
 against its own slot up to its own last position (no mask), the queries of one key head's group
-sharing every key and value as it is read, in float32 arithmetic. A chunk's rows (consecutive rows of
+sharing every key and value as it is read, in float32 arithmetic whatever the cache's dtype (float32,
+bfloat16, or float16: ``engine.cache_dtype``); without AVX512, 8 keys' scores are summed at once
+(``kernels.c``, "The heads on AVX2"). A chunk's rows (consecutive rows of
 one slot) attend as blocks of up to 16 rows whose queries share each key and value, with the
 arithmetic blocked for AVX512 (``kernels.c``, "Blocks"): torch's attention took 3-5x as long for
 chunks of every size measured (16 tokens at position 1,000: 712 us a layer against 233; 512 tokens
@@ -17,7 +19,8 @@ core (``kernels.helper_fits``), the key heads of decoding rows of ``kernels.HELP
 positions or more are shared with a helper thread of ``kernels.c``, which reads the next layer's
 keys and values ahead while the model's thread runs the layer's products: one stream at 1,500
 positions on a 2-core AMX Xeon, a step 4.8 ms slower than at 100 positions alone, 2.2 ms with the
-helper (the results bit for bit the same; docs/performance.md).
+helper (the results bit for bit the same; docs/performance.md). A step's rows are checked once
+for all its layers (``StepRows``).
 """
 
 from typing import Any

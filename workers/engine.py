@@ -51,6 +51,8 @@ def slot_model(loaded: LoadedModel, compile: bool) -> SlotModel:
             loaded.exact_weights.clear()
         if loaded.device.type == "cpu" and can_prepack(loaded.dtype):
             decoder.prepack()
+        logger.info("model %s: %s weights, keys and values in %s", spec.id, str(loaded.dtype).removeprefix("torch."),
+                    str(decoder.cache.layer(0)[0].dtype).removeprefix("torch."))
         return decoder
     logger.warning("model %s: the slot decoder does not support %s; running transformers' forward pass "
                    "one sequence at a time (slower)", spec.id, reason)

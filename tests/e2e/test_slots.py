@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import copy
 import json
+import logging
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -278,7 +279,8 @@ async def test_prompts_that_arrive_together_while_nobody_decodes_go_in_at_once(t
         assert sink.tokens == generate(tiny.model, prompt, 4)
 
 
-async def test_auto_keeps_a_float32_models_cache_in_float16_where_kernels_c_attends(tiny: loader.LoadedModel) -> None:
+async def test_auto_keeps_a_float32_models_cache_in_float16_where_kernels_c_attends(
+        tiny: loader.LoadedModel, caplog: pytest.LogCaptureFixture) -> None:
     assert tiny.kernel_dir is not None
     built = kernels.load(tiny.kernel_dir)
     assert built is not None
@@ -292,8 +294,10 @@ async def test_auto_keeps_a_float32_models_cache_in_float16_where_kernels_c_atte
         assert cache_dtype(auto, None, compile=False) == torch.float32
         assert cache_dtype(in_bfloat16, built, compile=False) == torch.bfloat16
         assert cache_dtype(tiny, built, compile=False) == torch.float32  # tiny-random asks for float32
-        engine = Engine(auto)
+        with caplog.at_level(logging.INFO, logger="workers.engine"):
+            engine = Engine(auto)
     assert isinstance(engine.model, Decoder) and engine.model.cache.layer(0)[0].dtype == half
+    assert f"float32 weights, keys and values in {str(half).removeprefix('torch.')}" in caplog.text
     sink = Collector()
     engine.submit(Generation(list(range(5, 300)), 40, RowSampler(SamplingParams()), [], sink))
     runner = asyncio.create_task(engine.run())

@@ -11,6 +11,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ import msgspec
 import redis.asyncio as aioredis
 from httpx_sse import aconnect_sse
 
+from lmsp_core import wire
 from lmsp_core.settings import load_settings
 from lmsp_core.store import connections, credentials
 
@@ -265,10 +267,11 @@ class SseEvent(msgspec.Struct):
 async def sse_events(client: httpx.AsyncClient, method: str, url: str, **kwargs: Any) -> AsyncIterator[SseEvent]:
     async with aconnect_sse(client, method, url, **kwargs) as source:
         source.response.raise_for_status()
-        async for sse in source.aiter_sse():
-            if not sse.data:
-                continue  # a comment (heartbeat)
-            yield SseEvent(int(sse.id) if sse.id else None, sse.event, msgspec.json.decode(sse.data))
+        async with aclosing(source.aiter_sse()) as sses:
+            async for sse in sses:
+                if not sse.data:
+                    continue  # a comment (heartbeat)
+                yield SseEvent(int(sse.id) if sse.id else None, sse.event, msgspec.json.decode(sse.data))
 
 
 async def collect(client: httpx.AsyncClient, method: str, url: str, **kwargs: Any) -> list[SseEvent]:
@@ -287,6 +290,24 @@ class TokenFactory:
         granted = list(credentials.GRANTABLE) if scopes is None else scopes
         token, _ = await credentials.create(self.redis, principal, granted)
         return token, principal
+
+
+async def task_of_response(redis: aioredis.Redis, response_id: str) -> dict[bytes, bytes]:
+    """The task hash behind a response, stored or not."""
+    async for key in redis.scan_iter(match="lmsp:task:{*}", count=1000):
+        if key.endswith(b"}") and await redis.hget(key, "response_id") == response_id.encode():
+            return await redis.hgetall(key)
+    raise AssertionError(f"no task for {response_id}")
+
+
+async def final_status(redis: aioredis.Redis, response_id: str, timeout: float = 10) -> dict[bytes, bytes]:
+    """The task hash behind a response once final, or as it is after ``timeout`` seconds."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        task = await task_of_response(redis, response_id)
+        if task[b"status"].decode() in wire.FINAL_STATUSES or asyncio.get_running_loop().time() > deadline:
+            return task
+        await asyncio.sleep(0.05)
 
 
 def bearer(token: str) -> dict[str, str]:

@@ -1,7 +1,8 @@
 """The asyncio client: ``AsyncClient(url, token=...)``, the same interface as ``Client`` with awaits."""
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
+from contextlib import aclosing
 from types import TracebackType
 from typing import Any
 
@@ -73,8 +74,13 @@ class ResponseStream:
         self._body = body
         self.text = ""
         self.final: Event | None = None
+        self._events: AsyncGenerator[Event, None] | None = None
 
-    async def __aiter__(self) -> AsyncIterator[Event]:
+    def __aiter__(self) -> AsyncGenerator[Event, None]:
+        self._events = self._read()  # kept, so that leaving ``async with`` hangs up at once
+        return self._events
+
+    async def _read(self) -> AsyncGenerator[Event, None]:
         decoder = EventDecoder()
         headers = {"Content-Type": "application/json"}
         try:
@@ -84,17 +90,18 @@ class ResponseStream:
                     await source.response.aread()
                     raise status_error(source.response.status_code, source.response.headers,
                                        source.response.content)
-                async for sse in source.aiter_sse():
-                    event = decoder.decode(sse)
-                    if event is None:
-                        continue
-                    if (error := common.stream_problem(event)) is not None:
-                        raise error
-                    self.text += event.delta
-                    yield event
-                    if event.final:
-                        self.final = event
-                        return
+                async with aclosing(source.aiter_sse()) as sses:
+                    async for sse in sses:
+                        event = decoder.decode(sse)
+                        if event is None:
+                            continue
+                        if (error := common.stream_problem(event)) is not None:
+                            raise error
+                        self.text += event.delta
+                        yield event
+                        if event.final:
+                            self.final = event
+                            return
         except httpx.TransportError as exc:
             raise APIConnectionError(f"the response stream broke: {exc!r}") from exc
         raise APIConnectionError("the response stream ended before its final event")
@@ -103,7 +110,8 @@ class ResponseStream:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        return None
+        if self._events is not None:
+            await self._events.aclose()
 
 
 class Tasks:
@@ -164,11 +172,12 @@ class TaskEvents:
     async def __aiter__(self) -> AsyncIterator[Event]:
         while True:
             try:
-                async for event in self._connection():
-                    self.text += event.delta
-                    yield event
-                    if event.final:
-                        return
+                async with aclosing(self._connection()) as events:  # closed at once, not when collected
+                    async for event in events:
+                        self.text += event.delta
+                        yield event
+                        if event.final:
+                            return
             except EventHistoryExpired:
                 self.expired = True
                 self.task = await self._client.tasks.get(self.task_id)
@@ -186,7 +195,7 @@ class TaskEvents:
                 raise APIConnectionError(f"task {self.task_id}: the event stream kept failing") from cause
             await asyncio.sleep(delay)
 
-    async def _connection(self) -> AsyncIterator[Event]:
+    async def _connection(self) -> AsyncGenerator[Event, None]:
         url = f"/lmsp/v1/tasks/{self.task_id}/events"
         headers = common.resume_headers(self.last_event_id)
         params = common.queue_params(self.queue_events)
@@ -195,15 +204,16 @@ class TaskEvents:
             if response.status_code >= 400:
                 await response.aread()
                 raise common.connect_error(status_error(response.status_code, response.headers, response.content))
-            async for sse in source.aiter_sse():
-                event = self._decoder.decode(sse)
-                if event is None:
-                    continue
-                if (problem := common.stream_problem(event)) is not None:
-                    raise problem
-                if event.id is not None:
-                    self.reconnects.progressed()
-                yield event
+            async with aclosing(source.aiter_sse()) as sses:
+                async for sse in sses:
+                    event = self._decoder.decode(sse)
+                    if event is None:
+                        continue
+                    if (problem := common.stream_problem(event)) is not None:
+                        raise problem
+                    if event.id is not None:
+                        self.reconnects.progressed()
+                    yield event
 
 
 class Models:

@@ -1,7 +1,8 @@
 """The blocking client: ``Client(url, token=...)`` with ``responses``, ``tasks`` and ``models``."""
 
 import time
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
+from contextlib import closing
 from types import TracebackType
 from typing import Any
 
@@ -72,8 +73,13 @@ class ResponseStream:
         self._body = body
         self.text = ""
         self.final: Event | None = None
+        self._events: Generator[Event, None, None] | None = None
 
-    def __iter__(self) -> Iterator[Event]:
+    def __iter__(self) -> Generator[Event, None, None]:
+        self._events = self._read()  # kept, so that leaving ``with`` hangs up at once
+        return self._events
+
+    def _read(self) -> Generator[Event, None, None]:
         decoder = EventDecoder()
         headers = {"Content-Type": "application/json"}
         try:
@@ -102,7 +108,8 @@ class ResponseStream:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        return None
+        if self._events is not None:
+            self._events.close()
 
 
 class Tasks:
@@ -163,11 +170,12 @@ class TaskEvents:
     def __iter__(self) -> Iterator[Event]:
         while True:
             try:
-                for event in self._connection():
-                    self.text += event.delta
-                    yield event
-                    if event.final:
-                        return
+                with closing(self._connection()) as events:
+                    for event in events:
+                        self.text += event.delta
+                        yield event
+                        if event.final:
+                            return
             except EventHistoryExpired:
                 self.expired = True
                 self.task = self._client.tasks.get(self.task_id)
@@ -185,7 +193,7 @@ class TaskEvents:
                 raise APIConnectionError(f"task {self.task_id}: the event stream kept failing") from cause
             time.sleep(delay)
 
-    def _connection(self) -> Iterator[Event]:
+    def _connection(self) -> Generator[Event, None, None]:
         url = f"/lmsp/v1/tasks/{self.task_id}/events"
         headers = common.resume_headers(self.last_event_id)
         params = common.queue_params(self.queue_events)

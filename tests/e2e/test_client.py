@@ -18,7 +18,7 @@ from lmsp.client.common import Config
 from lmsp_core import wire
 from lmsp_core.store import keys
 from tests.proxy import CuttingProxy
-from tests.support import Api, Worker
+from tests.support import Api, Worker, final_status
 
 
 def output_text(task: wire.Task) -> str:
@@ -101,6 +101,26 @@ async def test_expired_history_falls_back_to_the_final_result(api: Api, tiny_wor
         assert [event async for event in follow] == []
         assert follow.expired and follow.task is not None and follow.task.status == "incomplete"
         assert output_text(follow.task) == "".join(event.delta for event in first)
+
+
+async def test_leaving_a_stream_early_hangs_up_at_once(api: Api, tiny_worker: Worker, redis: aioredis.Redis) -> None:
+    """The iterator is still referenced, so only leaving ``async with`` can close the connection;
+    the service then cancels the direct stream's task (6.3)."""
+    async with AsyncClient(api.url) as client:
+        async with client.responses.stream(model="tiny-random", input="Tell me a long story.",
+                                           max_output_tokens=1000) as stream:
+            events = aiter(stream)
+            created = await anext(events)
+        assert isinstance(created.data, wire.ResponseCreated)
+        task = await final_status(redis, created.data.response_id)
+        assert task[b"status"] == b"cancelled" and events is not None
+    with Client(api.url) as blocking:
+        with blocking.responses.stream(model="tiny-random", input="Hi", max_output_tokens=1000) as sync_stream:
+            sync_events = iter(sync_stream)
+            first = next(sync_events)
+        assert isinstance(first.data, wire.ResponseCreated)
+        with pytest.raises(StopIteration):  # closed by ``with``, though still referenced
+            next(sync_events)
 
 
 def test_sync_responses_and_typed_errors(api: Api, tiny_worker: Worker) -> None:

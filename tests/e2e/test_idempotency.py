@@ -2,6 +2,7 @@
 
 import asyncio
 import json
+from contextlib import aclosing
 from typing import Any
 
 import httpx
@@ -64,9 +65,10 @@ async def test_a_dropped_idempotent_stream_keeps_generating(secure: httpx.AsyncC
     request = body(max_output_tokens=200, stream=True)
     async with secure.stream("POST", "/lmsp/v1/responses", json=request, headers=headers(token, "drop")) as response:
         assert response.status_code == 200
-        async for line in response.aiter_lines():
-            if line.startswith("data:"):
-                break  # hang up after the first event
+        async with aclosing(response.aiter_lines()) as lines:
+            async for line in lines:
+                if line.startswith("data:"):
+                    break  # hang up after the first event
     events = await collect(secure, "POST", "/lmsp/v1/responses", json=request, headers=headers(token, "drop"))
     assert [e.id for e in events] == list(range(1, len(events) + 1))
     assert events[-1].event in ("response.completed", "response.incomplete")  # not cancelled

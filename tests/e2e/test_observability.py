@@ -2,6 +2,7 @@
 
 import asyncio
 import time
+from contextlib import aclosing
 from typing import Any
 
 import httpx
@@ -66,8 +67,8 @@ async def test_queue_depth_open_streams_and_status(client: httpx.AsyncClient) ->
     assert model["queued"] == value(queued, "lmsp_queue_depth", **unserved) and model["workers"] == 0
     assert any("tiny-random" in worker["models"] for worker in status["workers"])
 
-    async with client.stream("GET", f"/lmsp/v1/tasks/{tasks[0]}/events") as stream:
-        lines = stream.aiter_lines()  # kept: a dropped line iterator would close the stream
+    async with client.stream("GET", f"/lmsp/v1/tasks/{tasks[0]}/events") as stream, \
+            aclosing(stream.aiter_lines()) as lines:  # closed when left, not when collected
         assert (await anext(lines)).startswith(": queued ")  # the queue position, as a comment
         streaming = await scrape(client)
         assert value(streaming, "lmsp_open_streams", kind="task") == value(base, "lmsp_open_streams", kind="task") + 1

@@ -2,6 +2,7 @@
 
 import asyncio
 import json
+from contextlib import aclosing
 
 import httpx
 import msgspec
@@ -10,7 +11,7 @@ import redis.asyncio as aioredis
 from lmsp_core import wire
 from lmsp_core.requests.chat import PromptRenderer
 from lmsp_core.store import eventlog, keys, registry
-from tests.support import body, collect, user_input
+from tests.support import body, collect, final_status, user_input
 
 ULID_CHARS = set("0123456789ABCDEFGHJKMNPQRSTVWXYZ")
 
@@ -134,32 +135,17 @@ async def test_deltas_never_split_a_character(client: httpx.AsyncClient) -> None
     assert "".join(deltas) == done.data["item"]["content"][0]["text"]
 
 
-async def _task_of_response(redis: aioredis.Redis, response_id: str) -> dict[bytes, bytes]:
-    async for key in redis.scan_iter(match="lmsp:task:{*}", count=1000):
-        if key.endswith(b"}") and await redis.hget(key, "response_id") == response_id.encode():
-            return await redis.hgetall(key)
-    raise AssertionError(f"no task for {response_id}")
-
-
-async def _final_status(redis: aioredis.Redis, response_id: str, timeout: float = 10) -> dict[bytes, bytes]:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while True:
-        task = await _task_of_response(redis, response_id)
-        if task[b"status"].decode() in wire.FINAL_STATUSES or asyncio.get_running_loop().time() > deadline:
-            return task
-        await asyncio.sleep(0.05)
-
-
 async def test_closing_a_direct_stream_cancels_its_task(client: httpx.AsyncClient, redis: aioredis.Redis) -> None:
     received, response_id = 0, ""
-    async with client.stream("POST", "/lmsp/v1/responses", json=body(max_output_tokens=1000, stream=True)) as stream:
-        async for line in stream.aiter_lines():
+    async with client.stream("POST", "/lmsp/v1/responses", json=body(max_output_tokens=1000, stream=True)) as stream, \
+            aclosing(stream.aiter_lines()) as lines:
+        async for line in lines:
             if line.startswith("data: ") and not response_id:
                 response_id = json.loads(line[6:])["response_id"]
             received += line.startswith("id: ")
             if received == 5:
                 break
-    task = await _final_status(redis, response_id)
+    task = await final_status(redis, response_id)
     assert task[b"status"] == b"cancelled"
     assert task[b"kind"] == b"direct"
     generated = len(await redis.get(keys.token_ids(task[b"id"].decode())) or b"") // 4

@@ -76,15 +76,14 @@ def forced_logits(model: Decoder, prompt: list[int], tokens: list[int]) -> torch
 
 @pytest.mark.parametrize("kernel", [False, True], ids=["torch", "kernels.c"])
 @pytest.mark.parametrize("kind", CONFIGS)
-def test_the_slot_decoder_matches_transformers(kind: str, kernel: bool,
-                                               tmp_path_factory: pytest.TempPathFactory) -> None:
+def test_the_slot_decoder_matches_transformers(kind: str, kernel: bool) -> None:
     model = random_model(CONFIGS[kind])
     prompt = list(range(7, 40))
     reference = generate(model, prompt, 20)
     assert unsupported_reason(model) is None
     decoder = Decoder(model, slots=3, positions=256)
     if kernel:  # attention, norms, rotation and the MLP's activation through workers/kernels.c
-        decoder.use_kernels(kernels.load(tmp_path_factory.getbasetemp() / "kernels"))
+        decoder.use_kernels(kernels.load(shared_kernel_dir()))
         assert decoder.attention is not None
         assert all(layer.native_norm is not None for layer in decoder.typed_layers)
         assert (decoder._rope_store is not None) == (kind != "qwen3")  # qwen3 norms queries and keys first
@@ -111,14 +110,13 @@ def test_the_slot_decoder_matches_transformers(kind: str, kernel: bool,
 
 @pytest.mark.parametrize("kernel", [False, True], ids=["torch", "kernels.c"])
 @pytest.mark.parametrize("kind", ["llama", "qwen3"])  # the cache written by kernels.c's rotation, and by torch's
-def test_a_float16_cache_decodes_within_its_rounding(kind: str, kernel: bool,
-                                                     tmp_path_factory: pytest.TempPathFactory) -> None:
+def test_a_float16_cache_decodes_within_its_rounding(kind: str, kernel: bool) -> None:
     model = random_model(CONFIGS[kind])
     prompt = list(range(7, 40))
     exact = Decoder(model, slots=3, positions=256)
     tokens = decode_greedy(exact, prompt, 20)
     expected = forced_logits(exact, prompt, tokens)
-    built = kernels.load(tmp_path_factory.getbasetemp() / "kernels") if kernel else None
+    built = kernels.load(shared_kernel_dir()) if kernel else None
 
     def error(cache_dtype: torch.dtype) -> float:
         decoder = Decoder(model, slots=3, positions=256, cache_dtype=cache_dtype)
@@ -482,6 +480,11 @@ def one_thread() -> Iterator[None]:
         torch.set_num_threads(threads)
 
 
+def shared_kernel_dir() -> Path:
+    """Where the workers of the session build kernels.c: one build (seconds) serves every test."""
+    return loader.kernel_dir(Path(load_settings().model_cache))
+
+
 def vectorised_kernels(directory: Path) -> kernels.Kernels:
     """kernels.c built into ``directory``; the test is skipped where its products are not vectorised."""
     built = kernels.load(directory)
@@ -507,12 +510,11 @@ def torch_but_the_products(decoder: Decoder) -> None:
         layer.native_norm = layer.native_activation = None
 
 
-def test_on_one_thread_the_8_bit_output_layer_runs_through_kernels_c(tmp_path: Path,
-                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def test_on_one_thread_the_8_bit_output_layer_runs_through_kernels_c(monkeypatch: pytest.MonkeyPatch) -> None:
     """With AVX2 or AVX512-VNNI and one thread, the output layer's 8-bit codes multiply inputs quantised to
     8 bits per 32 (``kernels.c``) instead of the 4-bit kernel run twice: about as close to the exact
     logits, the highest refined to exactly the dense model's, the same greedy tokens."""
-    built = vectorised_kernels(tmp_path)
+    built = vectorised_kernels(shared_kernel_dir())
     model, exact = q8_output_model()
     prompt = list(range(10, 30))
     tokens, expected = dense_reference(model, prompt)
@@ -540,12 +542,12 @@ def test_on_one_thread_the_8_bit_output_layer_runs_through_kernels_c(tmp_path: P
     torch.testing.assert_close(got.gather(-1, top), expected.gather(-1, top), rtol=0, atol=1e-5)
 
 
-def test_on_one_thread_the_4_bit_layers_run_through_kernels_c(tmp_path: Path) -> None:
+def test_on_one_thread_the_4_bit_layers_run_through_kernels_c() -> None:
     """With AVX2 or AVX512-VNNI and one thread, the layers' 4-bit groups multiply inputs quantised to 8 bits
     per 32 (``kernels.c``, as llama.cpp does): about as close to the exact logits as torch's 4-bit
     kernel with its bfloat16 inputs (here closer: 4.3% against 5.3%; with either, this model's greedy
     tokens leave the dense model's within 16)."""
-    built = vectorised_kernels(tmp_path)
+    built = vectorised_kernels(shared_kernel_dir())
     model, exact = q4_layers_model()
     prompt = list(range(10, 30))
     tokens, expected = dense_reference(model, prompt)
@@ -606,7 +608,7 @@ def test_how_many_rows_4_bit_products_pay_for_is_measured_once(tmp_path: Path,
     assert precision.int4_rows(tmp_path, torch.bfloat16) == 0  # never faster: never packed
     dense, packed = real(torch.float32, 2, rounds=1)  # the real measurement runs both kinds of layer
     assert dense > 0 and packed > 0
-    native = kernels.load(tmp_path / "kernels")
+    native = kernels.load(shared_kernel_dir())
     assert native is not None
     # figures for kernels.c's products are kept apart from those for torch's kernel
     assert precision.int4_rows(tmp_path, torch.float32, native) == 0
@@ -634,7 +636,7 @@ async def test_the_compiled_step_decodes_as_the_eager_one(tiny: loader.LoadedMod
     from workers.main import compiled_cache
 
     compiled_cache(Path(load_settings().model_cache))  # a second run reads the compiled step from disk
-    spec = msgspec.structs.replace(TINY_RANDOM, max_batch_size=4)
+    spec = msgspec.structs.replace(TINY_RANDOM, max_batch_size=2)  # two buckets to compile; the third job waits
     loaded = loader.LoadedModel(spec, tiny.model, tiny.card, tiny.device)
     jobs = [([1, 20, 30, 40], 30, 0.0), ([5, 6, 7], 12, 0.0), ([8, 9], 20, 0.05)]
     compiled = await run_engine(Engine(loaded, compile=True), jobs)

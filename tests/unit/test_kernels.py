@@ -10,14 +10,14 @@ import torch
 from torch.nn import functional
 
 from lmsp_core.settings import load_settings
-from workers import attention, kernels
+from workers import attention, kernels, loader
 from workers.layers import rotate
 from workers.weights import int4_native, int8_codes
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory: pytest.TempPathFactory) -> kernels.Kernels:
-    loaded = kernels.load(tmp_path_factory.mktemp("kernels"))
+def built() -> kernels.Kernels:
+    loaded = kernels.load(loader.kernel_dir(Path(load_settings().model_cache)))  # the session's workers' build
     assert loaded is not None
     return loaded
 

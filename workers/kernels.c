@@ -1375,9 +1375,15 @@ static void int4_rows4(const uint8_t *w, const float *d, const float *m, const i
                                      acc[i]);
         }
     }
+    const __m256 eighth = _mm256_set1_ps(1.0f / 128.0f);
+    int64_t h = 0;
+    for (; h + 8 <= groups; h += 8) { /* the minimums take the inputs' sums (corr / 128), 8 groups at once */
+        __m256 mins = _mm256_mul_ps(_mm256_loadu_ps(m + h), eighth);
+        for (int i = 0; i < 4; i++) acc[i] = _mm256_fmadd_ps(mins, _mm256_loadu_ps(cr + i * groups + h), acc[i]);
+    }
     for (int i = 0; i < 4; i++) {
         float total = sum8(acc[i]);
-        for (int64_t h = 0; h < groups; h++) total += m[h] * cr[i * groups + h] / 128.0f;
+        for (int64_t e = h; e < groups; e++) total += m[e] * cr[i * groups + e] / 128.0f;
         if (g < groups) total += d[g] * dr[i * groups + g] * (float)lone_group(w + g * 16, xr + i * k + g * GROUP);
         out[i * n] = total;
     }

@@ -292,7 +292,8 @@ def test_the_8_bit_product_refuses_what_it_cannot_take(built: kernels.Kernels) -
         built.int8_weights(codes.float(), scales)
 
 
-@pytest.mark.parametrize(("rows", "n", "k"), [(1, 1000, 576), (4, 70, 1536), (2, 33, 96), (1, 5, 32), (9, 7, 96)])
+@pytest.mark.parametrize(("rows", "n", "k"), [(1, 1000, 576), (4, 70, 1536), (2, 33, 96), (1, 5, 32), (9, 7, 96),
+                                             (5, 40, 576), (4, 9, 288)])  # groups past 8: 18; 9, one alone
 def test_the_4_bit_product_is_the_product_of_the_quantised_inputs(built: kernels.Kernels, rows: int, n: int,
                                                                     k: int) -> None:
     """Weights on Q4_1's grid (a code 0..15 times a scale plus a minimum per 32) against inputs

@@ -92,11 +92,8 @@ class ResponseStream:
                                        source.response.content)
                 async with aclosing(source.aiter_sse()) as sses:
                     async for sse in sses:
-                        event = decoder.decode(sse)
-                        if event is None:
+                        if (event := common.checked_event(decoder, sse)) is None:
                             continue
-                        if (error := common.stream_problem(event)) is not None:
-                            raise error
                         self.text += event.delta
                         yield event
                         if event.final:
@@ -206,11 +203,8 @@ class TaskEvents:
                 raise common.connect_error(status_error(response.status_code, response.headers, response.content))
             async with aclosing(source.aiter_sse()) as sses:
                 async for sse in sses:
-                    event = self._decoder.decode(sse)
-                    if event is None:
+                    if (event := common.checked_event(self._decoder, sse)) is None:
                         continue
-                    if (problem := common.stream_problem(event)) is not None:
-                        raise problem
                     if event.id is not None:
                         self.reconnects.progressed()
                     yield event

@@ -102,11 +102,13 @@ class EventDecoder:
         return Event(sse.event or "message", data, event_id)
 
 
-def stream_problem(event: Event) -> StreamError | None:
-    """The error an ``error`` event reports (the stream cannot continue), else None."""
-    if event.name == wire.ERROR and isinstance(event.data, wire.ErrorEventData):
-        return StreamError(event.data.error)
-    return None
+def checked_event(decoder: EventDecoder, sse: ServerSentEvent) -> Event | None:
+    """The event of a parsed SSE message, None for a comment; raises ``StreamError`` for an ``error``
+    event (the stream cannot continue)."""
+    event = decoder.decode(sse)
+    if event is not None and event.name == wire.ERROR and isinstance(event.data, wire.ErrorEventData):
+        raise StreamError(event.data.error)
+    return event
 
 
 RESUMABLE_STATUSES = frozenset({502, 503, 504})

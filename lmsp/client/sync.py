@@ -90,11 +90,8 @@ class ResponseStream:
                     raise status_error(source.response.status_code, source.response.headers,
                                        source.response.content)
                 for sse in source.iter_sse():
-                    event = decoder.decode(sse)
-                    if event is None:
+                    if (event := common.checked_event(decoder, sse)) is None:
                         continue
-                    if (error := common.stream_problem(event)) is not None:
-                        raise error
                     self.text += event.delta
                     yield event
                     if event.final:
@@ -203,11 +200,8 @@ class TaskEvents:
                 response.read()
                 raise common.connect_error(status_error(response.status_code, response.headers, response.content))
             for sse in source.iter_sse():
-                event = self._decoder.decode(sse)
-                if event is None:
+                if (event := common.checked_event(self._decoder, sse)) is None:
                     continue
-                if (problem := common.stream_problem(event)) is not None:
-                    raise problem
                 if event.id is not None:
                     self.reconnects.progressed()
                 yield event

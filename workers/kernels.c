@@ -1227,24 +1227,35 @@ static float int8_row(const int8_t *w, const float *s, const int8_t *xr, const f
 }
 
 #if PRODUCTS_AVX2
-/* int8_row for four input rows at once (as int4_rows4 takes them): each group's |codes| taken once */
-static void int8_rows4(const int8_t *w, const float *s, const int8_t *xr, const float *dr, int64_t k,
-                       int64_t groups, float *out, int64_t n) {
+/* int8_row for `count` (2 to 4) input rows at once (as int4_rows takes them): each group's |codes|
+   taken once for them all */
+static inline __attribute__((always_inline)) void int8_rows(const int8_t *w, const float *s, const int8_t *xr,
+                                                          const float *dr, int64_t k, int64_t groups, float *out,
+                                                          int64_t n, const int count) {
     const __m256i ones = _mm256_set1_epi16(1);
     __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
     for (int64_t g = 0; g < groups; g++) {
         __m256i wv = _mm256_loadu_si256((const __m256i *)(w + g * GROUP));
         __m256i magnitudes = _mm256_sign_epi8(wv, wv);
         __m256 scale = _mm256_broadcast_ss(s + g);
-        for (int i = 0; i < 4; i++) {
+        for (int i = 0; i < count; i++) {
             __m256i xv = _mm256_loadu_si256((const __m256i *)(xr + i * k + g * GROUP));
             __m256i sums = _mm256_madd_epi16(_mm256_maddubs_epi16(magnitudes, _mm256_sign_epi8(xv, wv)), ones);
             acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_mul_ps(scale, _mm256_broadcast_ss(dr + i * groups + g)),
                                      acc[i]);
         }
     }
-    for (int i = 0; i < 4; i++) out[i * n] = sum8(acc[i]);
+    for (int i = 0; i < count; i++) out[i * n] = sum8(acc[i]);
 }
+
+#define DEFINE_INT8_ROWS(COUNT)                                                                        \
+    static void int8_rows##COUNT(const int8_t *w, const float *s, const int8_t *xr, const float *dr,    \
+                                 int64_t k, int64_t groups, float *out, int64_t n) {                    \
+        int8_rows(w, s, xr, dr, k, groups, out, n, COUNT);                                              \
+    }
+DEFINE_INT8_ROWS(4)
+DEFINE_INT8_ROWS(3)
+DEFINE_INT8_ROWS(2)
 #endif
 
 /* out [rows, n] float32 = x . w for codes [n, k] int8 and scales [n, k / 32] float32 (x quantised by
@@ -1257,6 +1268,11 @@ void int8_product(const int8_t *xq, const float *dx, const float *corr, int64_t 
 #if PRODUCTS_AVX2
         for (; r + 4 <= rows; r += 4)
             int8_rows4(codes + j * k, scales + j * groups, xq + r * k, dx + r * groups, k, groups, out + r * n + j, n);
+        if (rows - r >= 2) { /* the last 2 or 3 rows together (2 or 3 streams decoding: all of them) */
+            (rows - r == 3 ? int8_rows3 : int8_rows2)(codes + j * k, scales + j * groups, xq + r * k, dx + r * groups,
+                                                      k, groups, out + r * n + j, n);
+            r = rows;
+        }
 #endif
         for (; r < rows; r++) {
             out[r * n + j] = int8_row(codes + j * k, scales + j * groups, xq + r * k, dx + r * groups,
@@ -1352,11 +1368,14 @@ static float int4_row(const uint8_t *w, const float *d, const float *m, const in
 }
 
 #if PRODUCTS_AVX2
-/* int4_row for four input rows at once (xr, dr, cr: the first's; the next ones k bytes and groups
-   scales further on): each pair of groups' codes unpacked once for the four. out: the first row's
-   result, the next ones n floats further on. */
-static void int4_rows4(const uint8_t *w, const float *d, const float *m, const int8_t *xr, const float *dr,
-                       const float *cr, int64_t k, int64_t groups, float *out, int64_t n) {
+/* int4_row for `count` (2 to 4) input rows at once (xr, dr, cr: the first's; the next ones k bytes
+   and groups scales further on): each pair of groups' codes unpacked once for them all. out: the
+   first row's result, the next ones n floats further on. Inlined with a constant count, so that the
+   accumulators stay in registers. */
+static inline __attribute__((always_inline)) void int4_rows(const uint8_t *w, const float *d, const float *m,
+                                                          const int8_t *xr, const float *dr, const float *cr,
+                                                          int64_t k, int64_t groups, float *out, int64_t n,
+                                                          const int count) {
     const __m256i nibble = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
     __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
     int64_t g = 0;
@@ -1364,7 +1383,7 @@ static void int4_rows4(const uint8_t *w, const float *d, const float *m, const i
         __m256i packed = _mm256_loadu_si256((const __m256i *)(w + g * 16));
         __m256i low = _mm256_and_si256(packed, nibble), high = _mm256_and_si256(_mm256_srli_epi16(packed, 4), nibble);
         __m256 scale = _mm256_broadcast_ss(d + g), next_scale = _mm256_broadcast_ss(d + g + 1);
-        for (int i = 0; i < 4; i++) {
+        for (int i = 0; i < count; i++) {
             const int8_t *x = xr + i * k + g * GROUP;
             __m256i sums = _mm256_madd_epi16(_mm256_maddubs_epi16(low, _mm256_loadu_si256((const __m256i *)x)), ones);
             __m256i next = _mm256_madd_epi16(
@@ -1379,15 +1398,25 @@ static void int4_rows4(const uint8_t *w, const float *d, const float *m, const i
     int64_t h = 0;
     for (; h + 8 <= groups; h += 8) { /* the minimums take the inputs' sums (corr / 128), 8 groups at once */
         __m256 mins = _mm256_mul_ps(_mm256_loadu_ps(m + h), eighth);
-        for (int i = 0; i < 4; i++) acc[i] = _mm256_fmadd_ps(mins, _mm256_loadu_ps(cr + i * groups + h), acc[i]);
+        for (int i = 0; i < count; i++) acc[i] = _mm256_fmadd_ps(mins, _mm256_loadu_ps(cr + i * groups + h), acc[i]);
     }
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < count; i++) {
         float total = sum8(acc[i]);
         for (int64_t e = h; e < groups; e++) total += m[e] * cr[i * groups + e] / 128.0f;
         if (g < groups) total += d[g] * dr[i * groups + g] * (float)lone_group(w + g * 16, xr + i * k + g * GROUP);
         out[i * n] = total;
     }
 }
+
+#define DEFINE_INT4_ROWS(COUNT)                                                                       \
+    static void int4_rows##COUNT(const uint8_t *w, const float *d, const float *m, const int8_t *xr,   \
+                                 const float *dr, const float *cr, int64_t k, int64_t groups,          \
+                                 float *out, int64_t n) {                                              \
+        int4_rows(w, d, m, xr, dr, cr, k, groups, out, n, COUNT);                                      \
+    }
+DEFINE_INT4_ROWS(4)
+DEFINE_INT4_ROWS(3)
+DEFINE_INT4_ROWS(2)
 #endif
 
 /* out [rows, n] float32 = x . w for 4-bit groups: codes [n, 16 * groups] packed as int4_row takes
@@ -1401,6 +1430,12 @@ void int4_product(const int8_t *xq, const float *dx, const float *corr, int64_t 
         for (; r + 4 <= rows; r += 4)
             int4_rows4(codes + j * groups * 16, d + j * groups, m + j * groups, xq + r * k, dx + r * groups,
                        corr + r * groups, k, groups, out + r * n + j, n);
+        if (rows - r >= 2) { /* the last 2 or 3 rows share the unpacking too (a chunk of 15 tokens: 3) */
+            (rows - r == 3 ? int4_rows3 : int4_rows2)(codes + j * groups * 16, d + j * groups, m + j * groups,
+                                                      xq + r * k, dx + r * groups, corr + r * groups, k, groups,
+                                                      out + r * n + j, n);
+            r = rows;
+        }
 #endif
         for (; r < rows; r++) {
             out[r * n + j] = int4_row(codes + j * groups * 16, d + j * groups, m + j * groups, xq + r * k,

@@ -264,7 +264,8 @@ def test_shapes_beyond_the_kernel_are_left_to_torch(built: kernels.Kernels) -> N
         kernel(torch.zeros(1, 2, 64), keys, keys, one, np.asarray([16]))  # past the slot's positions
 
 
-@pytest.mark.parametrize(("rows", "n", "k"), [(1, 1000, 576), (3, 70, 96), (2, 33, 64), (6, 9, 96)])
+@pytest.mark.parametrize(("rows", "n", "k"), [(1, 1000, 576), (3, 70, 96), (2, 33, 64), (6, 9, 96), (7, 5, 64),
+                                             (5, 4, 96)])
 def test_the_8_bit_product_is_the_product_of_the_quantised_inputs(built: kernels.Kernels, rows: int, n: int,
                                                                     k: int) -> None:
     """Exactly (to float32 sums) the product of the codes with the inputs quantised to 8 bits per
@@ -292,8 +293,9 @@ def test_the_8_bit_product_refuses_what_it_cannot_take(built: kernels.Kernels) -
         built.int8_weights(codes.float(), scales)
 
 
+# rows: 4 at a time, then 3 or 2 together, or 1; groups: 18 (8 at a time, then 2), 9 (one alone)
 @pytest.mark.parametrize(("rows", "n", "k"), [(1, 1000, 576), (4, 70, 1536), (2, 33, 96), (1, 5, 32), (9, 7, 96),
-                                             (5, 40, 576), (4, 9, 288)])  # groups past 8: 18; 9, one alone
+                                             (5, 40, 576), (4, 9, 288), (7, 12, 288), (6, 5, 576), (3, 8, 64)])
 def test_the_4_bit_product_is_the_product_of_the_quantised_inputs(built: kernels.Kernels, rows: int, n: int,
                                                                     k: int) -> None:
     """Weights on Q4_1's grid (a code 0..15 times a scale plus a minimum per 32) against inputs

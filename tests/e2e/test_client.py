@@ -113,7 +113,9 @@ async def test_leaving_a_stream_early_hangs_up_at_once(api: Api, tiny_worker: Wo
             created = await anext(events)
         assert isinstance(created.data, wire.ResponseCreated)
         task = await final_status(redis, created.data.response_id)
-        assert task[b"status"] == b"cancelled" and events is not None
+        assert task[b"status"] == b"cancelled"
+        with pytest.raises(StopAsyncIteration):  # closed by ``async with``, though still referenced
+            await anext(events)
     with Client(api.url) as blocking:
         with blocking.responses.stream(model="tiny-random", input="Hi", max_output_tokens=1000) as sync_stream:
             sync_events = iter(sync_stream)

@@ -9,7 +9,7 @@ yielded with the time its bytes arrived. ``stream_response`` streams one respons
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 
 from bench.report import user_input
@@ -90,7 +90,7 @@ class SseStream:
                     return
                 yield part
 
-    async def batches(self) -> AsyncIterator[tuple[float, list[SseEvent]]]:
+    async def batches(self) -> AsyncGenerator[tuple[float, list[SseEvent]], None]:
         """(arrival time, events) until the server ends the stream."""
         if self.reader is None:
             await self.open()

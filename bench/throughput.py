@@ -23,6 +23,7 @@ On a GPU it runs as it is; ``--model llama-8b-random`` is the 8B Llama shape wit
 
 import argparse
 import asyncio
+import contextlib
 import gc
 import json
 import os
@@ -225,11 +226,11 @@ async def resume(stack: Stack, table: Table, task_id: str, events: int, count: i
         stream = SseStream(HOST, stack.api_port, "GET", f"/lmsp/v1/tasks/{task_id}/events",
                            headers={"Last-Event-ID": str(after)})
         start = time.perf_counter()
-        async for arrived, batch in stream.batches():
-            if any(e.id == after + 1 for e in batch):
-                waits.append((arrived - start) * 1000)
-                break
-        stream.close()
+        async with contextlib.aclosing(stream.batches()) as batches:  # closes the connection
+            async for arrived, batch in batches:
+                if any(e.id == after + 1 for e in batch):
+                    waits.append((arrived - start) * 1000)
+                    break
     table.add("resume: Last-Event-ID to first replayed event p50 / p99",
               f"{percentile(waits, 50):.1f} / {percentile(waits, 99):.1f} ms")
 

@@ -142,17 +142,16 @@ async def joining_prompt(port: int, model: str, prompt_text: str,
     after it), p99 and max while a long prompt joins (from its request to its first token); and
     whether every stream ran until the prompt had joined."""
     started = [asyncio.Event() for _ in range(streams)]
-    joined_at: list[float] = []
+    join_end: float | None = None  # the joining prompt's first token
 
     def done(times: list[float]) -> bool:
-        return bool(joined_at) and len(times) - bisect.bisect_right(times, joined_at[0]) >= AFTER_JOIN
+        return join_end is not None and len(times) - bisect.bisect_right(times, join_end) >= AFTER_JOIN
 
     running = [asyncio.create_task(delta_times(port, model, RUNNING, 1000, started[i], done)) for i in range(streams)]
     await asyncio.gather(*(event.wait() for event in started))
     join_start = time.perf_counter()
     joined = await delta_times(port, model, prompt_text, 1)
     join_end = joined[0] if joined else time.perf_counter()
-    joined_at.append(join_end)
     results = await asyncio.gather(*running)
     pairs = [(a, b) for times in results for a, b in itertools.pairwise(times)]
     during = [b - a for a, b in pairs if b >= join_start and a <= join_end]

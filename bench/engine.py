@@ -3,11 +3,14 @@ N concurrent streams, and the engine's warm-up, eager and compiled, beside raw t
 on the same weights in the same run. This is the model step without the service around it (which costs
 about 1% at one stream on a CPU: bench.throughput); it is the GPU run of docs/performance.md:
 
-    python -m bench.engine --model llama-8b-random --streams 1 64 --tokens 256 --json gpu.json
+    python -m bench.engine --model llama-8b-random --streams 1 64 --tokens 256 --compile on \
+        --launch-ahead both --json gpu.json
 
 Every stream runs to its budget (no stop tokens), greedy, from its own prompt. ``--weights both`` runs
 each setting on the dense weights and on the 4-bit ones (a CPU; ``weights.pack_int4``); on a CPU the
 4-bit decoding's greedy answer to the README prompt is checked against the float32 model's.
+``--launch-ahead both`` runs each setting with decoding steps run one at a time and launched ahead
+(``workers.scheduler``; the engine's default: ahead on a GPU only).
 """
 
 import argparse
@@ -231,15 +234,16 @@ def sync(device: torch.device) -> None:
 
 
 async def measure(loaded: loader.LoadedModel, prompts: list[list[int]], args: argparse.Namespace,
-                  compile: bool, weights: str) -> dict[str, Any]:
+                  compile: bool, weights: str, launch_ahead: bool | None) -> dict[str, Any]:
     """Warm an engine up, run each stream count ``args.rounds`` times (best round kept), close it."""
     started = time.perf_counter()
-    engine = Engine(weights_variant(loaded, weights), compile=compile)
+    engine = Engine(weights_variant(loaded, weights), compile=compile, launch_ahead=launch_ahead)
     runner = asyncio.create_task(engine.run())
     try:
         await engine.ready()
-        result: dict[str, Any] = {"compile": compile, "weights": weights, "warm_up_s": time.perf_counter() - started}
-        print(f"  {'compiled' if compile else 'eager'}, {weights} weights: warmed up in {result['warm_up_s']:.1f} s",
+        result: dict[str, Any] = {"compile": compile, "weights": weights, "launch_ahead": engine.launch_ahead,
+                                  "warm_up_s": time.perf_counter() - started}
+        print(f"  {mode_name(compile, weights, engine.launch_ahead)}: warmed up in {result['warm_up_s']:.1f} s",
               flush=True)
         for count in args.streams:
             rounds = [await streams(engine, prompts[:count], args.tokens) for _ in range(args.rounds)]
@@ -257,6 +261,11 @@ async def measure(loaded: loader.LoadedModel, prompts: list[list[int]], args: ar
         gc.collect()
         if loaded.device.type == "cuda":
             torch.cuda.empty_cache()
+
+
+def mode_name(compile: bool, weights: str, launch_ahead: bool | None) -> str:
+    ahead = "" if launch_ahead is None else ", steps launched ahead" if launch_ahead else ", steps one at a time"
+    return f"{'compiled' if compile else 'eager'}, {weights} weights{ahead}"
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -278,16 +287,20 @@ async def main(args: argparse.Namespace) -> None:
         report["generate_tokens_per_s"] = generate_rate(loaded, prompts[0], args.baseline_tokens)
         print(f"  transformers generate, 1 stream: {report['generate_tokens_per_s']:.1f} tokens/s", flush=True)
     modes = {"auto": [loaded.device.type == "cuda"], "on": [True], "off": [False], "both": [False, True]}
+    ahead_modes: dict[str, list[bool | None]] = {"auto": [None], "on": [True], "off": [False], "both": [False, True]}
+    aheads = ahead_modes[args.launch_ahead]
     report["runs"] = []
     for weights in {"auto": ["auto"], "dense": ["dense"], "both": ["dense", "auto"]}[args.weights]:
         for compile in modes[args.compile]:
-            try:
-                report["runs"].append(await measure(loaded, prompts, args, compile, weights))
-            except Exception as exc:  # report what failed and go on with the next mode
-                print(f"  {'compiled' if compile else 'eager'}, {weights} weights: FAILED {exc!r}", flush=True)
-                report["runs"].append({"compile": compile, "weights": weights, "error": repr(exc)})
-            if args.json:
-                Path(args.json).write_text(json.dumps(report, indent=2))
+            for ahead in aheads:
+                try:
+                    report["runs"].append(await measure(loaded, prompts, args, compile, weights, ahead))
+                except Exception as exc:  # report what failed and go on with the next mode
+                    print(f"  {mode_name(compile, weights, ahead)}: FAILED {exc!r}", flush=True)
+                    report["runs"].append({"compile": compile, "weights": weights, "launch_ahead": ahead,
+                                           "error": repr(exc)})
+                if args.json:
+                    Path(args.json).write_text(json.dumps(report, indent=2))
     if loaded.int4_rows and loaded.exact_weights:
         report["readme_answer"] = await same_text(loaded, Path(settings.model_cache),
                                                   renderer.encode(renderer.render([user_message(README_PROMPT)])))
@@ -303,6 +316,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--compile", choices=["auto", "on", "off", "both"], default="both")
+    parser.add_argument("--launch-ahead", choices=["auto", "on", "off", "both"], default="auto",
+                        help="decoding steps launched before the last one's tokens are read (auto: on a GPU)")
     parser.add_argument("--weights", choices=["auto", "dense", "both"], default="auto",
                         help="decoding weights: as loaded (4-bit where they pack), dense, or each in turn")
     parser.add_argument("--baseline-tokens", type=int, default=32, help="0: skip transformers generate")

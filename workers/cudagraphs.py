@@ -31,21 +31,43 @@ class StepGraphs:
         self._step = step
         self._columns = columns
         self._pool = torch.cuda.graph_pool_handle()
-        self._host = torch.empty(4 * rows, dtype=torch.int64, pin_memory=True)
+        # pinned staging of a step's inputs, then of the rows fed on the device and the rows wanted:
+        # two, as a step may be launched before the last one's tokens are read (``TokenChooser.launch``);
+        # a copy from pageable memory would wait for the steps under way
+        self._host = [torch.empty(6 * rows, dtype=torch.int64, pin_memory=True) for _ in range(2)]
+        self._rows = torch.empty(2 * rows, dtype=torch.int64, device=columns.device)
+        self._runs = 0
         self._graphs: dict[tuple[int, int], _Graph] = {}
 
-    def run(self, inputs: np.ndarray, length: int) -> Tensor:
-        """Logits of every row, from ``inputs`` ``[4, rows]`` (tokens, positions, slots, last
-        attended column) attending to the first ``length`` columns. The result is overwritten by
-        the next replay: read it (index it) before."""
+    def run(self, inputs: np.ndarray, length: int, wanted: np.ndarray,
+            fed: tuple[np.ndarray, Tensor] | None = None) -> Tensor:
+        """Logits of the rows ``wanted``, from ``inputs`` ``[4, rows]`` (tokens, positions, slots,
+        last attended column) attending to the first ``length`` columns; ``fed``: rows and their
+        tokens, on the device, in place of those ``inputs`` give. The result may be a view that the
+        next replay overwrites: read it (index it) before."""
         rows = inputs.shape[1]
         graph = self._graphs.get((rows, length)) or self._capture(rows, length)
-        staged = self._host[:4 * rows].view(4, rows)
+        host = self._host[self._runs % 2]
+        self._runs += 1
+        staged = host[:4 * rows].view(4, rows)
         staged.numpy()[...] = inputs
-        # the host buffer is written again only after the step's tokens came back (a sync)
+        # a buffer is written again two replays later, when this step's tokens have come back (a
+        # sync behind these copies)
         graph.inputs.copy_(staged, non_blocking=True)
+        if fed is not None:
+            graph.inputs[0].index_copy_(0, self._staged_rows(host, 4 * rows, fed[0], 0), fed[1])
         graph.graph.replay()
-        return graph.output
+        if np.array_equal(wanted, np.arange(len(wanted))):
+            return graph.output[:len(wanted)]
+        return graph.output[self._staged_rows(host, 5 * rows, wanted, rows)]
+
+    def _staged_rows(self, host: Tensor, at: int, rows: np.ndarray, into: int) -> Tensor:
+        """``rows`` on the device, through ``host[at:]``, in ``self._rows[into:]``."""
+        staged = host[at:at + len(rows)]
+        staged.numpy()[...] = rows
+        device = self._rows[into:into + len(rows)]
+        device.copy_(staged, non_blocking=True)
+        return device
 
     def _capture(self, rows: int, length: int) -> _Graph:
         scratch = self._columns.numel() - 1  # dummy rows write and read only a slot's last position

@@ -228,19 +228,20 @@ class Decoder(nn.Module):
 
     # --- a step -------------------------------------------------------------------------------------
 
-    def run(self, plan: StepPlan) -> Tensor:
+    def run(self, plan: StepPlan, fed: Tensor | None = None) -> Tensor:
         rows = self._rows(plan)
         tokens, positions, slots = self._inputs(plan, rows)
         rows_wanted = self._outputs(plan, rows)
         limits, length = self._limits(plan, rows)
+        fed_rows = rows_wanted[:len(plan.feeds)]  # the decoding rows
         if self._graphs is not None and rows and not plan.chunks:
-            all_rows = self._graphs.run(np.stack([tokens, positions, slots, limits]), length)
-            if np.array_equal(rows_wanted, np.arange(len(rows_wanted))):
-                # a view: the step's tokens are chosen from it before the next replay overwrites it
-                return all_rows[:len(rows_wanted)]
-            return all_rows[self._on_device(rows_wanted)]
+            # the step's tokens are chosen from the logits before the next replay overwrites them
+            return self._graphs.run(np.stack([tokens, positions, slots, limits]), length, rows_wanted,
+                                    None if fed is None else (fed_rows, fed))
         wanted = self._on_device(rows_wanted)
         tokens_, positions_, slots_ = (self._on_device(array) for array in (tokens, positions, slots))
+        if fed is not None:
+            tokens_.index_copy_(0, self._on_device(fed_rows), fed)
         if self.compiled and rows and not plan.chunks:
             # the output layer inside the compiled step, for every row: as cheap as for some
             every_row: Tensor = self._decode(tokens_, positions_, slots_, self._mask(limits, length))

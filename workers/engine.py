@@ -74,17 +74,22 @@ def cache_dtype(loaded: LoadedModel, built: kernels.Kernels | None, compile: boo
 
 
 class Engine:
-    def __init__(self, loaded: LoadedModel, *, compile: bool | Literal["auto"] | None = None) -> None:
+    def __init__(self, loaded: LoadedModel, *, compile: bool | Literal["auto"] | None = None,
+                 launch_ahead: bool | None = None) -> None:
+        """``compile``: in place of the model's setting; ``launch_ahead``: start a decoding step before
+        the last one's tokens are read (``workers.scheduler``; None: on a GPU, where the device would
+        wait for the host meanwhile; on a CPU the same thread does both, and it only delays tokens)."""
         spec = loaded.spec
         self.loaded = loaded
         wanted = spec.compile if compile is None else compile
         self.compile = loaded.device.type == "cuda" if wanted == "auto" else wanted
         self.model = slot_model(loaded, self.compile)
         vocab = max(self.model.vocab, Tokenizer.from_str(loaded.card.tokenizer_json).get_vocab_size())
+        self.launch_ahead = loaded.device.type == "cuda" if launch_ahead is None else launch_ahead
         self._scheduler = Scheduler(self.model, TokenChooser(self.model.slots, vocab, loaded.device),
                                     spec.context_window, spec.id,
                                     reuse_prefixes=spec.reuse_prefixes and self.model.keeps_prefixes,
-                                    copy_beside_steps=loaded.device.type == "cpu")
+                                    copy_beside_steps=loaded.device.type == "cpu", launch_ahead=self.launch_ahead)
         self._warm = threading.Event()
         self._warm_error: BaseException | None = None
 

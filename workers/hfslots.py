@@ -40,8 +40,10 @@ class HfSlots:
     def copy_prefix(self, source: int, target: int, length: int) -> None:
         raise NotImplementedError("transformers' caches are not kept after release")
 
-    def run(self, plan: StepPlan) -> Tensor:
-        logits = [self._forward(feed.slot, [feed.token], feed.position) for feed in plan.feeds]
+    def run(self, plan: StepPlan, fed: Tensor | None = None) -> Tensor:
+        tokens = [feed.token for feed in plan.feeds] if fed is None else fed.tolist()
+        logits = [self._forward(feed.slot, [token], feed.position)
+                  for feed, token in zip(plan.feeds, tokens, strict=True)]
         for chunk in plan.chunks:
             if chunk.start == 0:
                 self._caches[chunk.slot] = DynamicCache(config=self.model.config)

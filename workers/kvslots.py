@@ -31,12 +31,15 @@ class Chunk:
         return self.start + len(self.tokens)
 
 
+FED = -1  # a feed's token while the step is given every feed's token on the device (``SlotModel.run``)
+
+
 @dataclass(frozen=True)
 class Feed:
     """One decoding sequence's next token, at ``position`` of its slot."""
 
     slot: int
-    token: int
+    token: int  # or ``FED``
     position: int
 
 
@@ -60,8 +63,10 @@ class SlotModel(Protocol):
     @property
     def vocab(self) -> int: ...
 
-    def run(self, plan: StepPlan) -> Tensor:
-        """Logits ``[plan.outputs, vocab]``, on the model's device."""
+    def run(self, plan: StepPlan, fed: Tensor | None = None) -> Tensor:
+        """Logits ``[plan.outputs, vocab]``, on the model's device. ``fed``: every feed's token, in
+        order, on the device, in place of ``Feed.token`` (the tokens a step launched before chose,
+        not read back yet)."""
 
     def release(self, slot: int) -> None:
         """The slot's sequence has left (its cache may be overwritten from now on)."""

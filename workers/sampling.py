@@ -4,9 +4,12 @@ tokens it allows.
 
 Everything runs on the model's device: constraints write their allowed tokens as bits into a host
 buffer, which goes to the device in one copy and masks all constrained rows at once; the chosen
-tokens come back to the host in one copy per step.
+tokens come back to the host in one copy per step. ``TokenChooser.launch`` leaves them on the device
+until ``Chosen.read``: a GPU step that feeds them to the next one starts it before they are read
+(``workers.scheduler``, "launching ahead").
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -72,9 +75,29 @@ class RowSampler:
             sorted_probs, order = probs.sort(descending=True)
             # keep the smallest prefix whose mass reaches top_p (always at least one token)
             outside = sorted_probs.cumsum(-1) - sorted_probs > self.params.top_p
-            sorted_probs[outside] = 0.0
+            sorted_probs.masked_fill_(outside, 0.0)  # not ``[outside] = 0``: that indexes, a host sync on a GPU
             probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
         return torch.multinomial(probs, 1, generator=self.generator(logits.device))
+
+
+class Chosen:
+    """A step's chosen tokens: ``tokens`` on the device at once, on the host once ``read``."""
+
+    def __init__(self, tokens: Tensor, host: Tensor | None, accept: Callable[[list[int]], list[int]]) -> None:
+        self.tokens = tokens  # [rows] int64 on the device: what a following step may be fed
+        self._host = host  # pinned, being filled by a copy behind the step (a GPU), or None
+        self._copied = torch.cuda.Event() if host is not None else None  # type: ignore[no-untyped-call]
+        if self._copied is not None:
+            self._copied.record()
+        self._accept = accept
+
+    def read(self) -> list[int]:
+        """The tokens on the host (waiting for their copy, not for steps launched since), after each
+        row's constraint has taken its token."""
+        if self._copied is not None and self._host is not None:
+            self._copied.synchronize()
+            return self._accept(self._host.tolist())
+        return self._accept(self.tokens.tolist())
 
 
 class TokenChooser:
@@ -86,9 +109,18 @@ class TokenChooser:
         words = (vocab + BITS - 1) // BITS
         self._host_masks = torch.zeros((rows, words), dtype=torch.int32, pin_memory=device.type == "cuda")
         self._bits = torch.arange(BITS, dtype=torch.int32, device=device)
+        # where a GPU's tokens are copied to: two, as a step may be launched before the last one is read
+        self._host_tokens = [torch.empty(rows, dtype=torch.int64, pin_memory=True) for _ in range(2)] \
+            if device.type == "cuda" else []
+        self._launched = 0
 
     def choose(self, logits: Tensor, samplers: list[RowSampler]) -> list[int]:
         """The next token of every row of ``logits`` ([rows, vocab]); advances each row's constraint."""
+        return self.launch(logits, samplers).read()
+
+    def launch(self, logits: Tensor, samplers: list[RowSampler]) -> Chosen:
+        """Choose the next token of every row of ``logits`` on the device, and start their one copy to
+        the host; each row's constraint takes its token when the result is read."""
         logits = logits.float()
         constrained = [row for row, sampler in enumerate(samplers) if sampler.constraint is not None]
         if constrained:
@@ -97,12 +129,20 @@ class TokenChooser:
         for row, sampler in enumerate(samplers):
             if not sampler.greedy:
                 tokens[row:row + 1] = sampler.sample(logits[row])
-        chosen: list[int] = tokens.tolist()  # the step's one copy to the host
-        for row in constrained:
-            constraint = samplers[row].constraint
-            assert constraint is not None
-            chosen[row] = constraint.accept(chosen[row])
-        return chosen
+
+        def accepted(chosen: list[int]) -> list[int]:
+            for row in constrained:
+                constraint = samplers[row].constraint
+                assert constraint is not None
+                chosen[row] = constraint.accept(chosen[row])
+            return chosen
+
+        if not self._host_tokens:
+            return Chosen(tokens, None, accepted)
+        host = self._host_tokens[self._launched % 2][:tokens.shape[0]]
+        self._launched += 1
+        host.copy_(tokens, non_blocking=True)
+        return Chosen(tokens, host, accepted)
 
     def _mask(self, logits: Tensor, rows: list[int], samplers: list[RowSampler]) -> None:
         masks = self._host_masks[: len(rows)]

@@ -17,6 +17,14 @@ The thread runs steps back to back and hands each step's tokens to the event loo
 written. What the loop decides (a cancellation, a stop string) reaches the thread as
 ``Generation.stop_requested`` and takes effect at the next step; the loop drops tokens generated for
 a sequence after it asked it to stop.
+
+Launching ahead (``launch_ahead``, a GPU's): the device runs a step while the host waits for its
+tokens, then the host reads them, decides the next step and launches it, while the device waits
+(about 0.6 ms of a 5 ms step of an 8B model on an H200, docs/performance.md). So where the next
+step can only feed every decoding sequence the token just chosen for it (nobody joins, waits,
+leaves by its budget or is constrained), it is launched before those tokens are read, fed them on
+the device (``SlotModel.run``'s ``fed``). A sequence that ends on a stop token meanwhile wastes its
+row of that step, whose token is dropped: the tokens are those of steps run one at a time.
 """
 
 import heapq
@@ -34,9 +42,9 @@ import numpy as np
 import torch
 
 from workers.generation import Finish, Generation
-from workers.kvslots import Chunk, Feed, SlotModel, StepPlan
+from workers.kvslots import FED, Chunk, Feed, SlotModel, StepPlan
 from workers.prefixes import Prefixes
-from workers.sampling import TokenChooser
+from workers.sampling import Chosen, TokenChooser
 
 logger = logging.getLogger(__name__)
 
@@ -85,14 +93,31 @@ class _Running:
         return self.next_token >= 0
 
 
+@dataclass(eq=False)
+class _Launched:
+    """A step under way on the device: what it feeds, and its tokens once read."""
+
+    plan: StepPlan
+    decoding: list[_Running]
+    chunked: list[tuple[_Running, Chunk]]
+    chosen: Chosen
+    started: float
+
+    @property
+    def outputs(self) -> list[_Running]:
+        return self.decoding + [run for run, chunk in self.chunked if chunk.last]
+
+
 class Scheduler:
     def __init__(self, model: SlotModel, chooser: TokenChooser, context_window: int, name: str,
-                 reuse_prefixes: bool = False, copy_beside_steps: bool = False) -> None:
+                 reuse_prefixes: bool = False, copy_beside_steps: bool = False, launch_ahead: bool = False) -> None:
         """``reuse_prefixes``: start sequences from the prefixes slots hold (the model must keep them);
-        ``copy_beside_steps``: their copies between slots run beside the steps of others (a CPU's)."""
+        ``copy_beside_steps``: their copies between slots run beside the steps of others (a CPU's);
+        ``launch_ahead``: a decoding step starts before the last one's tokens are read (a GPU's)."""
         self.model = model
         self.chooser = chooser
         self.window = context_window
+        self.launch_ahead = launch_ahead
         self._cond = threading.Condition()
         self._incoming: list[Generation] = []
         self._closed = False
@@ -110,6 +135,8 @@ class Scheduler:
         self._decode_recent: deque[float] = deque(maxlen=DECODE_STEPS)
         self._chunk_cost = ChunkCost()
         self._last_chunked = FIRST_CHUNK  # prompt tokens of the last step with chunks beside decoding
+        self._following: _Launched | None = None  # a step launched before its predecessor's tokens were read
+        self._last_read = 0.0  # when the last step's tokens were read
         self._thread = threading.Thread(target=self._loop, name=f"engine-{name}", daemon=True)
 
     # --- called from the event loop -------------------------------------------------------------
@@ -164,35 +191,72 @@ class Scheduler:
 
     def _ready(self) -> bool:
         return self._closed or (self._ahead < AHEAD and bool(self._incoming or self._waiting or self._running
-                                                             or self._copying))
+                                                             or self._copying or self._following))
 
     def _step(self) -> list[Produced]:
-        self._drop_stopped()
-        produced = self._admit()
-        decoding = [run for run in self._running.values() if run.decoding]
-        chunked = self._chunked(decoding)
-        plan = StepPlan(feeds=[Feed(run.slot, run.next_token, run.filled) for run in decoding],
-                        chunks=[chunk for _, chunk in chunked])
-        if not plan.feeds and not plan.chunks:
-            return produced
-        outputs = decoding + [run for run, chunk in chunked if chunk.last]
-        started = time.perf_counter()
+        """Run a step (or take the one launched ahead), launch the next one ahead where it may, and
+        return what the first one produced."""
+        produced: list[Produced] = []
+        launched, self._following = self._following, None
         try:
-            with torch.inference_mode():
-                logits = self.model.run(plan)
-                tokens = self.chooser.choose(logits, [run.seq.sampler for run in outputs])
+            if launched is None:
+                self._drop_stopped()
+                produced = self._admit()
+                decoding = [run for run in self._running.values() if run.decoding]
+                chunked = self._chunked(decoding)
+                plan = StepPlan(feeds=[Feed(run.slot, run.next_token, run.filled) for run in decoding],
+                                chunks=[chunk for _, chunk in chunked])
+                if not plan.feeds and not plan.chunks:
+                    return produced
+                launched = self._launch(plan, decoding, chunked)
+            if self.launch_ahead and self._may_follow(launched):
+                following = StepPlan(feeds=[Feed(feed.slot, FED, feed.position + 1) for feed in launched.plan.feeds])
+                self._following = self._launch(following, launched.decoding, [], launched.chosen)
+            tokens = launched.chosen.read()
         except Exception as exc:
             logger.exception("model step failed; failing %d sequences", len(self._running))
             return produced + self._fail_all(exc)
-        self._measure(plan, time.perf_counter() - started)
-        for run in decoding:
-            run.filled += 1
-            run.fed.append(run.next_token)
-        for run, chunk in chunked:
+        return produced + self._complete(launched, tokens)
+
+    def _launch(self, plan: StepPlan, decoding: list[_Running], chunked: list[tuple[_Running, Chunk]],
+                previous: Chosen | None = None) -> _Launched:
+        """Start ``plan`` on the device (fed ``previous``'s tokens, where given) and the choice of its tokens."""
+        started = time.perf_counter()
+        outputs = decoding + [run for run, chunk in chunked if chunk.last]
+        with torch.inference_mode():
+            logits = self.model.run(plan) if previous is None else self.model.run(plan, previous.tokens)
+            chosen = self.chooser.launch(logits, [run.seq.sampler for run in outputs])
+        return _Launched(plan, decoding, chunked, chosen, started)
+
+    def _may_follow(self, launched: _Launched) -> bool:
+        """Whether the next step may be launched before ``launched``'s tokens are read: it would only
+        feed every decoding sequence its token from ``launched`` (none joins, waits, leaves or has a
+        constraint, and ``launched`` ends none by its budget)."""
+        with self._cond:
+            arriving = bool(self._incoming)
+        if launched.chunked or arriving or self._waiting or self._copying is not None \
+                or len(launched.decoding) != len(self._running):
+            return False
+        return all(self._running.get(run.slot) is run and run.seq.stop_requested is None
+                   and run.seq.sampler.constraint is None and run.count + 1 < run.seq.max_new_tokens
+                   and len(run.seq.prompt_ids) + run.count + 1 < self.window for run in launched.decoding)
+
+    def _complete(self, launched: _Launched, tokens: list[int]) -> list[Produced]:
+        """Take a step's tokens: its sequences advance (those that left while it ran get nothing)."""
+        now = time.perf_counter()
+        # a step launched ahead ran partly while the one before was read: count it from then
+        self._measure(launched.plan, now - max(launched.started, self._last_read))
+        self._last_read = now
+        for run in launched.decoding:
+            if self._running.get(run.slot) is run:
+                run.filled += 1
+                run.fed.append(run.next_token)
+        for run, chunk in launched.chunked:
             run.filled = chunk.end
             if chunk.last and self._prefixes is not None:
                 self._prefixes.keep(run.slot, run.seq.prefix_scope, run.context)  # others may share it now
-        return produced + [self._advance(run, token) for run, token in zip(outputs, tokens, strict=True)]
+        return [self._advance(run, token) for run, token in zip(launched.outputs, tokens, strict=True)
+                if self._running.get(run.slot) is run]
 
     def _drop_stopped(self) -> None:
         for run in list(self._running.values()):
@@ -325,6 +389,7 @@ class Scheduler:
         return None
 
     def _fail_all(self, exc: BaseException) -> list[Produced]:
+        self._following = None
         if self._copying is not None:  # its slot too may have been written
             run, copied = self._copying
             self._copying = None

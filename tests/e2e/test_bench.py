@@ -41,10 +41,11 @@ def test_replication_benchmark_runs_and_reports_every_figure() -> None:
 def test_engine_benchmark_runs_and_reports_every_figure() -> None:
     result = subprocess.run([sys.executable, "-m", "bench.engine", "--model", "tiny-random", "--streams", "1", "2",
                              "--tokens", "8", "--rounds", "1", "--compile", "off", "--weights", "both",
-                             "--baseline-tokens", "8"],
+                             "--launch-ahead", "both", "--baseline-tokens", "8"],
                             capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    for row in ("transformers generate, 1 stream:", "eager, dense weights: warmed up",
-                "eager, auto weights: warmed up"):
+    for row in ("transformers generate, 1 stream:", "eager, dense weights, steps one at a time: warmed up",
+                "eager, auto weights, steps launched ahead: warmed up"):
         assert row in result.stdout, result.stdout
-    assert result.stdout.count("1 streams:") == result.stdout.count("2 streams:") == 2, result.stdout
+    assert result.stdout.count("1 streams:") == result.stdout.count("2 streams:") == 4, result.stdout
+    assert "FAILED" not in result.stdout

@@ -47,8 +47,10 @@ def alone(model: loader.LoadedModel, prompt: list[int], n: int) -> list[int]:
     return list(out[0, len(prompt):].tolist())
 
 
-async def test_sequences_joining_and_leaving_match_solo_generation(tiny: loader.LoadedModel) -> None:
-    engine = Engine(tiny)
+@pytest.mark.parametrize("launch_ahead", [False, True])
+async def test_sequences_joining_and_leaving_match_solo_generation(tiny: loader.LoadedModel,
+                                                                   launch_ahead: bool) -> None:
+    engine = Engine(tiny, launch_ahead=launch_ahead)
     runner = asyncio.create_task(engine.run())
     prompts = [[1, 20, 30, 40], [1, 5] * 9, [7] * 3, list(range(100, 160)), [2, 3, 5, 7, 11]]
     budgets = [25, 7, 40, 12, 30]
@@ -88,8 +90,9 @@ async def test_long_sequences_with_the_attention_helper_match_solo_generation(ti
         assert sink.tokens == alone(tiny, prompt, 24)
 
 
-async def test_stopping_one_sequence_leaves_the_others_intact(tiny: loader.LoadedModel) -> None:
-    engine = Engine(tiny)
+@pytest.mark.parametrize("launch_ahead", [False, True])
+async def test_stopping_one_sequence_leaves_the_others_intact(tiny: loader.LoadedModel, launch_ahead: bool) -> None:
+    engine = Engine(tiny, launch_ahead=launch_ahead)
     runner = asyncio.create_task(engine.run())
     keep, stop = Collector(), Collector()
     stopped = Generation([1, 2, 3], 500, RowSampler(SamplingParams()), [], stop)
@@ -156,7 +159,9 @@ async def test_stop_tokens_and_resumed_sequences(tiny: loader.LoadedModel) -> No
 
 
 
-async def test_grammar_constrained_and_free_sequences_share_a_batch(tiny: loader.LoadedModel) -> None:
+@pytest.mark.parametrize("launch_ahead", [False, True])
+async def test_grammar_constrained_and_free_sequences_share_a_batch(tiny: loader.LoadedModel,
+                                                                   launch_ahead: bool) -> None:
     import json
 
     import msgspec
@@ -173,7 +178,7 @@ async def test_grammar_constrained_and_free_sequences_share_a_batch(tiny: loader
         "type": "json_schema", "json_schema": {"name": "s", "schema": schema}}}, wire.ResponseRequest)
     grammar = grammars.generation_grammar(request)
     assert grammar is not None
-    engine = Engine(tiny)
+    engine = Engine(tiny, launch_ahead=launch_ahead)
     runner = asyncio.create_task(engine.run())
     free, constrained = Collector(), Collector()
     try:
@@ -434,3 +439,62 @@ async def test_random_llama_models_load_on_the_device_in_their_dtype(monkeypatch
                     capabilities=["streaming"])
     with pytest.raises(ValueError, match="unknown shape"):
         loader.load(bad, Path(load_settings().model_cache))
+
+
+
+class FedSteps:
+    """Wraps an engine's model: the rows of every step that was fed its tokens on the device."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.run = engine.model.run
+        self.rows: list[int] = []
+        engine.model.run = self  # type: ignore[method-assign]
+
+    def __call__(self, plan: StepPlan, fed: torch.Tensor | None = None) -> torch.Tensor:
+        if fed is None:
+            return self.run(plan)
+        self.rows.append(len(plan.feeds))
+        return self.run(plan, fed)
+
+
+async def generate_side_by_side(engine: Engine, generations: list[Generation]) -> None:
+    """Run ``generations`` on ``engine``, all submitted before its first step (the same batches every
+    time), until each has finished."""
+    for seq in generations:
+        engine.submit(seq)
+    runner = asyncio.create_task(engine.run())
+    sinks = [seq.sink for seq in generations]
+    try:
+        await asyncio.wait_for(asyncio.gather(*(sink.done.wait() for sink in sinks if isinstance(sink, Collector))), 60)
+    finally:
+        runner.cancel()
+        engine.close()
+
+
+async def test_steps_launched_ahead_give_the_tokens_of_steps_run_one_at_a_time(tiny: loader.LoadedModel) -> None:
+    """On a GPU a decoding step starts before the last one's tokens are read, fed them on the device
+    (``launch_ahead``); forced on here. Greedy and seeded sampled sequences, with budgets that end
+    them at different steps and one ending on a stop token (its row of the step launched meanwhile
+    wasted), get the tokens and finish reasons of steps run one at a time."""
+    reference = alone(tiny, [9, 8, 7], 30)
+    stop_at = reference[11]
+    prompts = [[9, 8, 7], [1, 20, 30, 40], [7] * 3, list(range(100, 140)), [2, 3, 5, 7, 11]]
+    samplers = [SamplingParams(), SamplingParams(), SamplingParams(temperature=0.9, top_p=0.9, seed=3),
+                SamplingParams(temperature=1.2, seed=11), SamplingParams(temperature=0.7, top_p=0.5, seed=5)]
+    budgets = [30, 9, 40, 17, 25]
+    outcomes, fed = [], []
+    for launch_ahead in (False, True):
+        engine = Engine(tiny, launch_ahead=launch_ahead)
+        steps = FedSteps(engine)
+        generations = [Generation(prompt, budget, RowSampler(params), [stop_at] if i == 0 else [], Collector())
+                       for i, (prompt, budget, params) in enumerate(zip(prompts, budgets, samplers, strict=True))]
+        await generate_side_by_side(engine, generations)
+        outcomes.append([(tokens_of(seq), seq.finish_reason) for seq in generations])
+        fed.append(steps.rows)
+    assert outcomes[1] == outcomes[0]
+    assert outcomes[0][0] == (reference[:reference.index(stop_at) + 1], Finish.STOP)
+    assert outcomes[0][1] == (alone(tiny, prompts[1], 9), Finish.LENGTH)
+    assert all(reason is Finish.LENGTH for _, reason in outcomes[0][1:])
+    assert fed[0] == []
+    # ahead: most steps, of every row count; not the first, nor those after a sequence ended
+    assert {5, 4, 3, 2, 1} <= set(fed[1]) and len(fed[1]) >= 30

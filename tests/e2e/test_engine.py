@@ -351,9 +351,9 @@ async def test_a_sequence_cancelled_while_its_copies_run_takes_no_step(tiny: loa
     async with copies_held_beside_a_running_sequence(tiny, kept) as (engine, held, running):
         run = engine.model.run
 
-        def recorded(plan: StepPlan) -> torch.Tensor:
+        def recorded(plan: StepPlan, fed: torch.Tensor | None = None) -> torch.Tensor:
             prompted.extend(token for chunk in plan.chunks for token in chunk.tokens)
-            return run(plan)
+            return run(plan) if fed is None else run(plan, fed)
 
         engine.model.run = recorded  # type: ignore[method-assign]
         cancelled = Collector()

@@ -149,11 +149,11 @@ def tiny() -> loader.LoadedModel:
 def recording(engine: Engine) -> list[StepPlan]:
     """Every plan the engine's model runs, from now on."""
     plans: list[StepPlan] = []
-    run: Callable[[StepPlan], torch.Tensor] = engine.model.run
+    run: Callable[..., torch.Tensor] = engine.model.run
 
-    def recorded(plan: StepPlan) -> torch.Tensor:
+    def recorded(plan: StepPlan, fed: torch.Tensor | None = None) -> torch.Tensor:
         plans.append(plan)
-        return run(plan)
+        return run(plan) if fed is None else run(plan, fed)
 
     engine.model.run = recorded  # type: ignore[method-assign]
     return plans

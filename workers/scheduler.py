@@ -3,9 +3,9 @@
 A step: sequences asked to stop leave (their slots are free at once), waiting sequences take free
 slots, every decoding sequence gets its next token, and joining sequences' prompts go in as chunks
 in the same model call. While others decode, a step takes only as many prompt tokens as cost about
-``STALL`` decoding steps (measured as it runs, attention deep in a prompt included: ``ChunkCost``),
-so a long prompt joins over several steps instead of stalling everyone for its whole length; a
-sequence whose prompt is complete gets its first token from its last chunk. A sequence whose
+``STALL`` decoding steps (measured as it runs, attention deep in a prompt included:
+``workers.chunkprice``), so a long prompt joins over several steps instead of stalling everyone for
+its whole length; a sequence whose prompt is complete gets its first token from its last chunk. A sequence whose
 context begins with tokens a slot already holds starts after them (``workers.prefixes``). Where
 that takes copies between slots while others run, and the model is on a CPU, the copies run on a
 thread of their own and the sequence takes its slot at the first step after they are done: a long
@@ -29,7 +29,6 @@ row of that step, whose token is dropped: the tokens are those of steps run one 
 
 import heapq
 import logging
-import math
 import statistics
 import threading
 import time
@@ -38,9 +37,9 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 
-import numpy as np
 import torch
 
+from workers.chunkprice import MAX_CHUNK, MIN_CHUNK, ChunkCost, chunk_budget
 from workers.generation import Finish, Generation
 from workers.kvslots import FED, Chunk, Feed, SlotModel, StepPlan
 from workers.prefixes import Prefixes
@@ -49,15 +48,8 @@ from workers.sampling import Chosen, TokenChooser
 logger = logging.getLogger(__name__)
 
 AHEAD = 2  # steps the model thread may run ahead of the event loop's delivery
-MAX_CHUNK = 512  # prompt tokens of one sequence per step (bounds a step's attention memory)
 PREFILL_TOKENS = 2048  # prompt tokens of a step while nobody decodes (a burst of prompts goes in at once)
-MIN_CHUNK = 4  # prompt tokens of a chunk beside decoding, at least (16 cost 2.4 decoding steps on a slow CPU)
 FIRST_CHUNK = 16  # while the costs are not measured yet
-# prompt tokens per step while others decode: as many as cost this many decoding steps (the steps
-# run about a quarter over it: 0.6 put the others' p99 delay at 1.8-2.1x their median, 0.45 at
-# 1.6-1.9x, the prompt joining in 10% more time)
-STALL = 0.45
-SMOOTHING = 0.2  # weight of the newest measurement in the chunks' running cost estimates
 # a decoding step's price: the median of this many recent ones (a running mean kept the few slow
 # steps of streams starting, 32 ms against 25, and every chunk of the join that followed took more)
 DECODE_STEPS = 15
@@ -408,77 +400,3 @@ class Scheduler:
         if self._prefixes is not None:
             self._prefixes.keep(run.slot, run.seq.prefix_scope, run.held)
         heapq.heappush(self._free, run.slot)
-
-
-@dataclass(frozen=True)
-class Price:
-    """What prompt chunks add to a step: ``fixed + per_token * tokens + per_position * pairs`` seconds,
-    ``pairs`` being the query-key pairs of their attention (each chunk's tokens times the position
-    after its last one): the attention of a chunk deep in a long prompt costs more per token than
-    one near its start (on a CPU, about as much as the products at 1,500 positions)."""
-
-    fixed: float
-    per_token: float
-    per_position: float = 0.0
-
-
-def chunk_budget(decode_seconds: float, price: Price, start: int = 0, waiting: float = 1.0) -> int:
-    """Prompt tokens for a step while others decode, for a chunk from position ``start``: as many as
-    cost ``STALL`` decoding steps, ``waiting`` times that where more sequences wait for their prompts
-    than decode (the step's stall is paid by the decoding ones, the wait by the joining ones: a
-    burst of prompts beside one stream joins in a few steps, not dozens); where chunks cost a fixed
-    price beyond that anyway, as many as cost that price again (fewer, larger stalls rather than
-    many small ones)."""
-    spend = max(STALL * waiting * decode_seconds - price.fixed, price.fixed)
-    # the most tokens n with n * (per_token + per_position * (start + n)) <= spend
-    linear = price.per_token + price.per_position * start
-    if price.per_position > 0:
-        tokens = (math.sqrt(linear * linear + 4 * price.per_position * spend) - linear) / (2 * price.per_position)
-    else:
-        tokens = spend / linear
-    return max(MIN_CHUNK, min(MAX_CHUNK, int(tokens + 1e-9)))  # 1e-9: a budget met exactly, in floats
-
-
-class ChunkCost:
-    """What prompt chunks add to a step (``Price``), fitted by least squares over the recent steps,
-    older steps weighing less. ``fixed`` matters where a step with chunks runs slower machinery than
-    a decoding-only one (an eager pass beside a CUDA graph, a dense product beside 4-bit ones); each
-    term is fitted only where the steps tell it apart (chunk sizes that vary for ``fixed``, positions
-    that vary for ``per_position``), and a fit that noise made negative falls back to fewer terms."""
-
-    _TERMS = ((0, 1, 2), (0, 1), (1, 2), (1,))  # of (fixed, per_token, per_position), most first
-
-    def __init__(self) -> None:
-        self._sums = np.zeros((4, 4))  # weighted sums of the products of (1, tokens, pairs, seconds)
-
-    def add(self, tokens: int, pairs: int, seconds: float) -> None:
-        row = np.array([1.0, tokens, pairs, seconds])
-        self._sums = (1 - SMOOTHING) * self._sums + np.outer(row, row)
-
-    def fit(self) -> Price | None:
-        """The price, or None before the first measurement."""
-        weight = self._sums[0, 0]
-        if not weight:
-            return None
-        mean = self._sums[0] / weight
-        sizes_vary = self._sums[1, 1] / weight - mean[1] ** 2 > (0.1 * mean[1]) ** 2
-        for terms in self._TERMS:
-            if 0 in terms and not sizes_vary:
-                continue  # chunks of about one size: no intercept to see
-            coefficients = self._solve(terms)
-            if coefficients is not None and min(coefficients) >= 0 and coefficients[terms.index(1)] > 0:
-                price = dict(zip(terms, coefficients, strict=True))
-                return Price(price.get(0, 0.0), price[1], price.get(2, 0.0))
-        return Price(0.0, max(mean[3] / mean[1], 1e-9))  # noise hiding every slope: the mean price
-
-    def _solve(self, terms: tuple[int, ...]) -> list[float] | None:
-        index = list(terms)
-        normal = self._sums[np.ix_(index, index)]
-        scale = np.sqrt(np.diag(normal))
-        if not scale.all():
-            return None
-        scaled = normal / np.outer(scale, scale)  # the terms' units differ by orders of magnitude
-        if np.linalg.cond(scaled) > 1e8:
-            return None  # terms the steps do not tell apart (a position term while positions stay put)
-        solved = np.linalg.solve(scaled, self._sums[index, 3] / scale) / scale
-        return [float(value) for value in solved]

@@ -19,7 +19,7 @@ from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig, MistralC
 from lmsp_core.requests.catalog import TINY_RANDOM
 from lmsp_core.settings import load_settings
 from tests.e2e.test_engine import Collector
-from workers import kernels, loader, precision, scheduler, weights
+from workers import chunkprice, kernels, loader, precision, scheduler, weights
 from workers.decoder import REFINED, Decoder, unsupported_reason
 from workers.engine import Engine, Finish, Generation, cache_dtype
 from workers.hfslots import HfSlots
@@ -250,7 +250,7 @@ def test_prompts_waiting_beside_fewer_decoding_streams_take_more_per_step(tiny: 
         # 1 ms a prompt token; growth not what limits it here
         chosen = fitted(engine, [(tokens, 0.001 * tokens) for tokens in (10, 20, 30)], last_chunked=400)
         one_joining = chosen._chunk_budget(decoding=2, joining=1, start=40)
-        assert scheduler.STALL * 100 - 5 <= one_joining <= scheduler.STALL * 100  # STALL of a 100 ms step
+        assert chunkprice.STALL * 100 - 5 <= one_joining <= chunkprice.STALL * 100  # STALL of a 100 ms step
         # four prompts wait beside one decoding stream: their wait weighs four times its stall
         assert abs(chosen._chunk_budget(decoding=1, joining=4, start=40) - 4 * one_joining) <= 4
     finally:

@@ -1,8 +1,8 @@
-"""The scheduler's estimate of what prompt chunks cost, and the chunk size it picks from it."""
+"""The price of prompt chunks beside decoding, fitted as steps run, and the chunk size it allows."""
 
 import pytest
 
-from workers.scheduler import MAX_CHUNK, MIN_CHUNK, STALL, ChunkCost, Price, chunk_budget
+from workers.chunkprice import MAX_CHUNK, MIN_CHUNK, STALL, ChunkCost, Price, chunk_budget
 
 
 def test_a_fixed_price_and_a_price_per_token_are_told_apart() -> None:

@@ -441,7 +441,6 @@ async def test_random_llama_models_load_on_the_device_in_their_dtype(monkeypatch
         loader.load(bad, Path(load_settings().model_cache))
 
 
-
 class FedSteps:
     """Wraps an engine's model: the rows of every step that was fed its tokens on the device."""
 
@@ -458,14 +457,15 @@ class FedSteps:
 
 
 async def generate_side_by_side(engine: Engine, generations: list[Generation]) -> None:
-    """Run ``generations`` on ``engine``, all submitted before its first step (the same batches every
-    time), until each has finished."""
+    """Run ``generations`` (their sinks ``Collector``s) on ``engine``, all submitted before its first
+    step (the same batches every time), until each has finished."""
     for seq in generations:
         engine.submit(seq)
     runner = asyncio.create_task(engine.run())
-    sinks = [seq.sink for seq in generations]
+    sinks = [seq.sink for seq in generations if isinstance(seq.sink, Collector)]
+    assert len(sinks) == len(generations)
     try:
-        await asyncio.wait_for(asyncio.gather(*(sink.done.wait() for sink in sinks if isinstance(sink, Collector))), 60)
+        await asyncio.wait_for(asyncio.gather(*(sink.done.wait() for sink in sinks)), 60)
     finally:
         runner.cancel()
         engine.close()

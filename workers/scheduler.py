@@ -97,7 +97,13 @@ class _Launched:
 
     @property
     def outputs(self) -> list[_Running]:
-        return self.decoding + [run for run, chunk in self.chunked if chunk.last]
+        return outputs_of(self.decoding, self.chunked)
+
+
+def outputs_of(decoding: list[_Running], chunked: list[tuple[_Running, Chunk]]) -> list[_Running]:
+    """The sequences whose logits a step returns, in order: every decoding one, then each whose prompt
+    the step completes."""
+    return decoding + [run for run, chunk in chunked if chunk.last]
 
 
 class Scheduler:
@@ -190,16 +196,17 @@ class Scheduler:
         return what the first one produced."""
         produced: list[Produced] = []
         launched, self._following = self._following, None
+        if launched is None:
+            self._drop_stopped()
+            produced = self._admit()
+            decoding = [run for run in self._running.values() if run.decoding]
+            chunked = self._chunked(decoding)
+            plan = StepPlan(feeds=[Feed(run.slot, run.next_token, run.filled) for run in decoding],
+                            chunks=[chunk for _, chunk in chunked])
+            if not plan.feeds and not plan.chunks:
+                return produced
         try:
             if launched is None:
-                self._drop_stopped()
-                produced = self._admit()
-                decoding = [run for run in self._running.values() if run.decoding]
-                chunked = self._chunked(decoding)
-                plan = StepPlan(feeds=[Feed(run.slot, run.next_token, run.filled) for run in decoding],
-                                chunks=[chunk for _, chunk in chunked])
-                if not plan.feeds and not plan.chunks:
-                    return produced
                 launched = self._launch(plan, decoding, chunked)
             if self.launch_ahead and self._may_follow(launched):
                 following = StepPlan(feeds=[Feed(feed.slot, FED, feed.position + 1) for feed in launched.plan.feeds])
@@ -214,10 +221,9 @@ class Scheduler:
                 previous: Chosen | None = None) -> _Launched:
         """Start ``plan`` on the device (fed ``previous``'s tokens, where given) and the choice of its tokens."""
         started = time.perf_counter()
-        outputs = decoding + [run for run, chunk in chunked if chunk.last]
         with torch.inference_mode():
             logits = self.model.run(plan) if previous is None else self.model.run(plan, previous.tokens)
-            chosen = self.chooser.launch(logits, [run.seq.sampler for run in outputs])
+            chosen = self.chooser.launch(logits, [run.seq.sampler for run in outputs_of(decoding, chunked)])
         return _Launched(plan, decoding, chunked, chosen, started)
 
     def _may_follow(self, launched: _Launched) -> bool:

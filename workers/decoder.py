@@ -289,16 +289,16 @@ class Decoder(nn.Module):
         return logits.topk(REFINED, dim=-1, sorted=False).indices
 
     def _int8_logits(self, hidden: Tensor) -> Tensor | None:
-        """The output layer's logits from its 8-bit codes through ``kernels.c`` (its inputs quantised to
-        8 bits per 32: about as close as the 4-bit kernel's bfloat16 inputs, and refined the same way),
-        where it runs faster than the 4-bit kernel run twice (AVX2 or AVX512-VNNI, one thread, as few
-        rows as that packing takes); None elsewhere."""
+        """The output layer's logits from its 8-bit codes through ``kernels.c`` (inputs quantised to 8 bits
+        per 32: about as close as the 4-bit kernel's bfloat16 inputs, refined the same way), where it beats
+        the 4-bit kernel run twice (AVX2 or AVX512-VNNI, one thread, as few rows as that takes); else None."""
         built, codes = self._kernels, self._output_codes
-        if built is None or codes is None or not built.products_run_here() or torch.compiler.is_compiling() \
-                or hidden.shape[0] > self.lm_head.int4_rows:
+        if built is None or (codes is None and self._output_int8 is None) or not built.products_run_here() \
+                or torch.compiler.is_compiling() or hidden.shape[0] > self.lm_head.int4_rows:
             return None
-        if self._output_int8 is None:
-            self._output_int8 = built.int8_weights(*codes)
+        if codes is not None:  # kernels.c keeps a copy of its own (in blocks on AVX2): this one goes
+            self._output_int8, self._output_codes = built.int8_weights(*codes), None
+        assert self._output_int8 is not None
         return self._output_int8(hidden)
 
     def _exact_rows(self, top: Tensor) -> Tensor:

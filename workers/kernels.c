@@ -1132,25 +1132,41 @@ int rms_norm_f32(const float *x, int64_t rows, int64_t n, const float *weight, f
 int int8_vectorised(void) { return INT8_VECTORISED; }
 
 #if PRODUCTS_AVX2
-static inline float sum8(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+/* The blocks: on AVX2, both products take their codes in blocks of PRODUCT_BLOCK (8) weight rows
+   rather than a row at a time (Python lays them out: workers/weights.py), so that one byte product
+   (maddubs) multiplies 8 rows' codes at once, each row's sums in its own lanes, and each group is
+   scaled once for all 8 rows, the results 8 outputs in a vector. A row at a time, each row's group cost
+   its own conversion, scaling and, at the end, a horizontal sum. In a block's group, step s holds 4
+   codes of each row (the 4-bit ones two such sets, in the low and high nibbles): byte 4 r + t for row
+   r, to multiply the 4 inputs of the step broadcast to all lanes. Each row's scales (and minimums) are
+   [blocks, groups, 8]. The last block of a weight whose rows are not a multiple of 8 is padded with
+   zeros. SmolLM2's products on the AVX2 EPYC, in a C harness: 4-bit 1.9-2.4x faster for 1 to 16 rows;
+   the output layer's 8-bit 1.3x for one row and 1.5x for 4 to 16 (docs/performance.md). */
+#define PRODUCT_BLOCK 8
+
+/* A block's 8 results of one input row into out's `width` (up to 8) columns. */
+static inline void store_block(float *out, __m256 sums, int64_t width) {
+    if (width == PRODUCT_BLOCK) {
+        _mm256_storeu_ps(out, sums);
+        return;
+    }
+    float lanes[PRODUCT_BLOCK];
+    _mm256_storeu_ps(lanes, sums);
+    memcpy(out, lanes, (size_t)width * sizeof(float));
 }
 
-/* a group's weight scale times its input's, in all 8 lanes */
-static inline __m256 group_scale(const float *scales, const float *dr, int64_t g) {
-    return _mm256_mul_ps(_mm256_broadcast_ss(scales + g), _mm256_broadcast_ss(dr + g));
+/* Broadcast the 4 inputs at x to every lane. */
+static inline __m256i four_inputs(const int8_t *x) {
+    int32_t word;
+    memcpy(&word, x, sizeof(word));
+    return _mm256_set1_epi32(word);
 }
-
-/* 8 partial sums of a group's 32 signed codes times its 32 signed inputs (|code| <= 128: the pairs'
-   sums fit in 16 bits) */
-static inline __m256 signed_sums(const int8_t *w, const int8_t *x, __m256i ones) {
-    __m256i wv = _mm256_loadu_si256((const __m256i *)w), xv = _mm256_loadu_si256((const __m256i *)x);
-    __m256i pairs = _mm256_maddubs_epi16(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(xv, wv));
-    return _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, ones));
-}
+#else
+#define PRODUCT_BLOCK 0
 #endif
+
+/* Rows per block of both products' codes: 8 (the blocks above), or 0: a row at a time. */
+int product_block(void) { return PRODUCT_BLOCK; }
 
 /* x [rows, k] float32 -> xq [rows, k] int8 and, per group of 32, its scale dx and corr =
    128 * dx * sum(xq) (the products below take the codes as unsigned: code + 128). */
@@ -1176,6 +1192,7 @@ void int8_quantize(const float *x, int64_t rows, int64_t k, int8_t *xq, float *d
     }
 }
 
+#if !PRODUCTS_AVX2
 /* One weight row against one quantised input row: sum over groups of scale * dx * (codes . xq). */
 static float int8_row(const int8_t *w, const float *s, const int8_t *xr, const float *dr, const float *cr,
                       int64_t groups) {
@@ -1199,22 +1216,6 @@ static float int8_row(const int8_t *w, const float *s, const int8_t *xr, const f
         acc = _mm512_fnmadd_ps(_mm512_maskz_loadu_ps(m, s + h), _mm512_maskz_loadu_ps(m, cr + h), acc);
     }
     total = _mm512_reduce_add_ps(acc);
-#elif PRODUCTS_AVX2
-    (void)cr; /* signed codes by signed inputs: |code| times the input with the code's sign */
-    const __m256i ones = _mm256_set1_epi16(1);
-    __m256 acc = _mm256_setzero_ps(), acc2 = _mm256_setzero_ps();
-    for (; g + 2 <= groups; g += 2) {
-        acc = _mm256_fmadd_ps(signed_sums(w + g * GROUP, xr + g * GROUP, ones), group_scale(s, dr, g), acc);
-        acc2 = _mm256_fmadd_ps(signed_sums(w + (g + 1) * GROUP, xr + (g + 1) * GROUP, ones),
-                               group_scale(s, dr, g + 1), acc2);
-    }
-    total = sum8(_mm256_add_ps(acc, acc2));
-    for (; g < groups; g++) {
-        int32_t sum = 0;
-        for (int i = 0; i < GROUP; i++) sum += (int32_t)w[g * GROUP + i] * (int32_t)xr[g * GROUP + i];
-        total += s[g] * dr[g] * (float)sum;
-    }
-    return total;
 #else
     for (int64_t h = 0; h < groups; h++) total -= s[h] * cr[h];
 #endif
@@ -1226,61 +1227,79 @@ static float int8_row(const int8_t *w, const float *s, const int8_t *xr, const f
     return total;
 }
 
-#if PRODUCTS_AVX2
-/* int8_row for `count` (2 to 4) input rows at once (as int4_rows takes them): each group's |codes|
-   taken once for them all */
-static inline __attribute__((always_inline)) void int8_rows(const int8_t *w, const float *s, const int8_t *xr,
-                                                          const float *dr, int64_t k, int64_t groups, float *out,
-                                                          int64_t n, const int count) {
+#else
+/* A block of 8-bit codes (8 steps of 4 codes a row per group: byte 4 r + t of step s is row r's code
+   4 s + t) against `count` (1 to 4) input rows (xr, dr: the first's; the next ones k bytes and groups
+   scales further on), into its `width` columns of out (the next row's n floats further on). A Q8_0
+   code goes in as its magnitude, the input taking its sign; a pair of products can reach 2 * 127 *
+   127, so each step's sums widen to 32 bits at once. Inlined with a constant count, so that the sums
+   stay in registers. */
+static inline __attribute__((always_inline)) void int8_block_rows(const int8_t *w, const float *s, const int8_t *xr,
+                                                                const float *dr, int64_t k, int64_t groups,
+                                                                float *out, int64_t n, int64_t width,
+                                                                const int count) {
     const __m256i ones = _mm256_set1_epi16(1);
     __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
     for (int64_t g = 0; g < groups; g++) {
-        __m256i wv = _mm256_loadu_si256((const __m256i *)(w + g * GROUP));
-        __m256i magnitudes = _mm256_sign_epi8(wv, wv);
-        __m256 scale = _mm256_broadcast_ss(s + g);
+        __m256i sums[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(),
+                           _mm256_setzero_si256()};
+        for (int step = 0; step < 8; step++) {
+            __m256i codes = _mm256_loadu_si256((const __m256i *)(w + (g * 8 + step) * 32));
+            __m256i magnitudes = _mm256_sign_epi8(codes, codes);
+            for (int i = 0; i < count; i++) {
+                __m256i inputs = _mm256_sign_epi8(four_inputs(xr + i * k + g * GROUP + step * 4), codes);
+                sums[i] = _mm256_add_epi32(sums[i], _mm256_madd_epi16(_mm256_maddubs_epi16(magnitudes, inputs), ones));
+            }
+        }
+        __m256 scales = _mm256_loadu_ps(s + g * PRODUCT_BLOCK);
         for (int i = 0; i < count; i++) {
-            __m256i xv = _mm256_loadu_si256((const __m256i *)(xr + i * k + g * GROUP));
-            __m256i sums = _mm256_madd_epi16(_mm256_maddubs_epi16(magnitudes, _mm256_sign_epi8(xv, wv)), ones);
-            acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_mul_ps(scale, _mm256_broadcast_ss(dr + i * groups + g)),
-                                     acc[i]);
+            acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[i]),
+                                     _mm256_mul_ps(scales, _mm256_broadcast_ss(dr + i * groups + g)), acc[i]);
         }
     }
-    for (int i = 0; i < count; i++) out[i * n] = sum8(acc[i]);
+    for (int i = 0; i < count; i++) store_block(out + i * n, acc[i], width);
 }
 
-#define DEFINE_INT8_ROWS(COUNT)                                                                        \
-    static void int8_rows##COUNT(const int8_t *w, const float *s, const int8_t *xr, const float *dr,    \
-                                 int64_t k, int64_t groups, float *out, int64_t n) {                    \
-        int8_rows(w, s, xr, dr, k, groups, out, n, COUNT);                                              \
+#define DEFINE_INT8_BLOCK_ROWS(COUNT)                                                                    \
+    static void int8_block_rows##COUNT(const int8_t *w, const float *s, const int8_t *xr, const float *dr, \
+                                       int64_t k, int64_t groups, float *out, int64_t n, int64_t width) {  \
+        int8_block_rows(w, s, xr, dr, k, groups, out, n, width, COUNT);                                    \
     }
-DEFINE_INT8_ROWS(4)
-DEFINE_INT8_ROWS(3)
-DEFINE_INT8_ROWS(2)
+DEFINE_INT8_BLOCK_ROWS(1)
+DEFINE_INT8_BLOCK_ROWS(2)
+DEFINE_INT8_BLOCK_ROWS(3)
+DEFINE_INT8_BLOCK_ROWS(4)
 #endif
 
-/* out [rows, n] float32 = x . w for codes [n, k] int8 and scales [n, k / 32] float32 (x quantised by
-   int8_quantize: xq, dx, corr). */
+/* out [rows, n] float32 = x . w for codes [n, k] int8 and scales [n, k / 32] float32, or on AVX2 in
+   blocks (above); x quantised by int8_quantize (xq, dx, corr). */
 void int8_product(const int8_t *xq, const float *dx, const float *corr, int64_t rows, const int8_t *codes,
                   const float *scales, int64_t n, int64_t k, float *out) {
     int64_t groups = k / GROUP;
-    for (int64_t j = 0; j < n; j++) {
-        int64_t r = 0;
-#if PRODUCTS_AVX2
-        for (; r + 4 <= rows; r += 4)
-            int8_rows4(codes + j * k, scales + j * groups, xq + r * k, dx + r * groups, k, groups, out + r * n + j, n);
-        if (rows - r >= 2) { /* the last 2 or 3 rows together (2 or 3 streams decoding: all of them) */
-            (rows - r == 3 ? int8_rows3 : int8_rows2)(codes + j * k, scales + j * groups, xq + r * k, dx + r * groups,
-                                                      k, groups, out + r * n + j, n);
-            r = rows;
+#if PRODUCT_BLOCK
+    (void)corr;
+    static void (*const by_count[4])(const int8_t *, const float *, const int8_t *, const float *, int64_t, int64_t,
+                                     float *, int64_t, int64_t) = {int8_block_rows1, int8_block_rows2,
+                                                                   int8_block_rows3, int8_block_rows4};
+    for (int64_t b = 0; b * PRODUCT_BLOCK < n; b++) {
+        int64_t width = n - b * PRODUCT_BLOCK < PRODUCT_BLOCK ? n - b * PRODUCT_BLOCK : PRODUCT_BLOCK;
+        for (int64_t r = 0; r < rows; r += 4) { /* the block's codes stay in L1 for all the rows */
+            int64_t count = rows - r < 4 ? rows - r : 4;
+            by_count[count - 1](codes + b * groups * PRODUCT_BLOCK * GROUP, scales + b * groups * PRODUCT_BLOCK,
+                                xq + r * k, dx + r * groups, k, groups, out + r * n + b * PRODUCT_BLOCK, n, width);
         }
-#endif
-        for (; r < rows; r++) {
+    }
+#else
+    for (int64_t j = 0; j < n; j++) {
+        for (int64_t r = 0; r < rows; r++) {
             out[r * n + j] = int8_row(codes + j * k, scales + j * groups, xq + r * k, dx + r * groups,
                                       corr + r * groups, groups);
         }
     }
+#endif
 }
 
+#if !PRODUCTS_AVX2
 /* codes . inputs of a last odd group of 4-bit codes, alone in 16 bytes (byte j: codes j and j + 16) */
 static int32_t lone_group(const uint8_t *b, const int8_t *x) {
     int32_t sum = 0;
@@ -1327,25 +1346,6 @@ static float int4_row(const uint8_t *w, const float *d, const float *m, const in
                               _mm512_mul_ps(_mm512_maskz_loadu_ps(mask, cr + h), eighth), acc);
     }
     total = _mm512_reduce_add_ps(acc);
-#elif PRODUCTS_AVX2
-    const __m256i nibble = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
-    __m256 acc = _mm256_setzero_ps(), acc2 = _mm256_setzero_ps();
-    for (; g + 2 <= groups; g += 2) { /* a pair: 32 bytes, the first group's codes low, the next's high */
-        __m256i packed = _mm256_loadu_si256((const __m256i *)(w + g * 16));
-        __m256i low = _mm256_and_si256(packed, nibble), high = _mm256_and_si256(_mm256_srli_epi16(packed, 4), nibble);
-        __m256i sums = _mm256_madd_epi16(
-            _mm256_maddubs_epi16(low, _mm256_loadu_si256((const __m256i *)(xr + g * GROUP))), ones);
-        __m256i next = _mm256_madd_epi16(
-            _mm256_maddubs_epi16(high, _mm256_loadu_si256((const __m256i *)(xr + (g + 1) * GROUP))), ones);
-        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), group_scale(d, dr, g), acc);
-        acc2 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(next), group_scale(d, dr, g + 1), acc2);
-    }
-    const __m256 eighth = _mm256_set1_ps(1.0f / 128.0f);
-    int64_t h = 0;
-    for (; h + 8 <= groups; h += 8)
-        acc = _mm256_fmadd_ps(_mm256_loadu_ps(m + h), _mm256_mul_ps(_mm256_loadu_ps(cr + h), eighth), acc);
-    total = sum8(_mm256_add_ps(acc, acc2));
-    for (; h < groups; h++) total += m[h] * cr[h] / 128.0f;
 #else
     for (int64_t h = 0; h < groups; h++) total += m[h] * cr[h] / 128.0f;
 #endif
@@ -1367,81 +1367,81 @@ static float int4_row(const uint8_t *w, const float *d, const float *m, const in
     return total;
 }
 
-#if PRODUCTS_AVX2
-/* int4_row for `count` (2 to 4) input rows at once (xr, dr, cr: the first's; the next ones k bytes
-   and groups scales further on): each pair of groups' codes unpacked once for them all. out: the
-   first row's result, the next ones n floats further on. Inlined with a constant count, so that the
-   accumulators stay in registers. */
-static inline __attribute__((always_inline)) void int4_rows(const uint8_t *w, const float *d, const float *m,
-                                                          const int8_t *xr, const float *dr, const float *cr,
-                                                          int64_t k, int64_t groups, float *out, int64_t n,
-                                                          const int count) {
+#else
+/* A block of 4-bit codes (4 steps of 8 codes a row per group: byte 4 r + t of step s holds row r's
+   code 8 s + t in its low nibble, 8 s + 4 + t in its high one) against `count` (1 to 4) input rows, as
+   int8_block_rows. A group's 8 byte products add in 16 bits (16 products of at most 15 * 127 each);
+   the minimums take the inputs' sums (corr / 128). */
+static inline __attribute__((always_inline)) void int4_block_rows(const uint8_t *w, const float *d, const float *m,
+                                                                const int8_t *xr, const float *dr, const float *cr,
+                                                                int64_t k, int64_t groups, float *out, int64_t n,
+                                                                int64_t width, const int count) {
     const __m256i nibble = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+    const __m256 eighth = _mm256_set1_ps(1.0f / 128.0f);
     __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-    int64_t g = 0;
-    for (; g + 2 <= groups; g += 2) {
-        __m256i packed = _mm256_loadu_si256((const __m256i *)(w + g * 16));
-        __m256i low = _mm256_and_si256(packed, nibble), high = _mm256_and_si256(_mm256_srli_epi16(packed, 4), nibble);
-        __m256 scale = _mm256_broadcast_ss(d + g), next_scale = _mm256_broadcast_ss(d + g + 1);
+    for (int64_t g = 0; g < groups; g++) {
+        __m256i sums[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(),
+                           _mm256_setzero_si256()};
+        for (int s = 0; s < 4; s++) {
+            __m256i packed = _mm256_loadu_si256((const __m256i *)(w + (g * 4 + s) * 32));
+            __m256i low = _mm256_and_si256(packed, nibble), high = _mm256_and_si256(_mm256_srli_epi16(packed, 4), nibble);
+            for (int i = 0; i < count; i++) {
+                const int8_t *x = xr + i * k + g * GROUP + s * 8;
+                __m256i both = _mm256_add_epi16(_mm256_maddubs_epi16(low, four_inputs(x)),
+                                                _mm256_maddubs_epi16(high, four_inputs(x + 4)));
+                sums[i] = _mm256_add_epi16(sums[i], both);
+            }
+        }
+        __m256 scales = _mm256_loadu_ps(d + g * PRODUCT_BLOCK);
+        __m256 minimums = _mm256_mul_ps(_mm256_loadu_ps(m + g * PRODUCT_BLOCK), eighth);
         for (int i = 0; i < count; i++) {
-            const int8_t *x = xr + i * k + g * GROUP;
-            __m256i sums = _mm256_madd_epi16(_mm256_maddubs_epi16(low, _mm256_loadu_si256((const __m256i *)x)), ones);
-            __m256i next = _mm256_madd_epi16(
-                _mm256_maddubs_epi16(high, _mm256_loadu_si256((const __m256i *)(x + GROUP))), ones);
-            const float *ds = dr + i * groups + g;
-            acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_mul_ps(scale, _mm256_broadcast_ss(ds)), acc[i]);
-            acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(next), _mm256_mul_ps(next_scale, _mm256_broadcast_ss(ds + 1)),
-                                     acc[i]);
+            __m256 exact = _mm256_cvtepi32_ps(_mm256_madd_epi16(sums[i], ones));
+            acc[i] = _mm256_fmadd_ps(exact, _mm256_mul_ps(scales, _mm256_broadcast_ss(dr + i * groups + g)), acc[i]);
+            acc[i] = _mm256_fmadd_ps(minimums, _mm256_broadcast_ss(cr + i * groups + g), acc[i]);
         }
     }
-    const __m256 eighth = _mm256_set1_ps(1.0f / 128.0f);
-    int64_t h = 0;
-    for (; h + 8 <= groups; h += 8) { /* the minimums take the inputs' sums (corr / 128), 8 groups at once */
-        __m256 mins = _mm256_mul_ps(_mm256_loadu_ps(m + h), eighth);
-        for (int i = 0; i < count; i++) acc[i] = _mm256_fmadd_ps(mins, _mm256_loadu_ps(cr + i * groups + h), acc[i]);
-    }
-    for (int i = 0; i < count; i++) {
-        float total = sum8(acc[i]);
-        for (int64_t e = h; e < groups; e++) total += m[e] * cr[i * groups + e] / 128.0f;
-        if (g < groups) total += d[g] * dr[i * groups + g] * (float)lone_group(w + g * 16, xr + i * k + g * GROUP);
-        out[i * n] = total;
-    }
+    for (int i = 0; i < count; i++) store_block(out + i * n, acc[i], width);
 }
 
-#define DEFINE_INT4_ROWS(COUNT)                                                                       \
-    static void int4_rows##COUNT(const uint8_t *w, const float *d, const float *m, const int8_t *xr,   \
-                                 const float *dr, const float *cr, int64_t k, int64_t groups,          \
-                                 float *out, int64_t n) {                                              \
-        int4_rows(w, d, m, xr, dr, cr, k, groups, out, n, COUNT);                                      \
+#define DEFINE_INT4_BLOCK_ROWS(COUNT)                                                                    \
+    static void int4_block_rows##COUNT(const uint8_t *w, const float *d, const float *m, const int8_t *xr, \
+                                       const float *dr, const float *cr, int64_t k, int64_t groups,        \
+                                       float *out, int64_t n, int64_t width) {                             \
+        int4_block_rows(w, d, m, xr, dr, cr, k, groups, out, n, width, COUNT);                             \
     }
-DEFINE_INT4_ROWS(4)
-DEFINE_INT4_ROWS(3)
-DEFINE_INT4_ROWS(2)
+DEFINE_INT4_BLOCK_ROWS(1)
+DEFINE_INT4_BLOCK_ROWS(2)
+DEFINE_INT4_BLOCK_ROWS(3)
+DEFINE_INT4_BLOCK_ROWS(4)
 #endif
 
 /* out [rows, n] float32 = x . w for 4-bit groups: codes [n, 16 * groups] packed as int4_row takes
-   them, d and m [n, groups] float32; x quantised by int8_quantize. */
+   them, d and m [n, groups] float32, or on AVX2 in blocks (above); x quantised by int8_quantize. */
 void int4_product(const int8_t *xq, const float *dx, const float *corr, int64_t rows, const uint8_t *codes,
                   const float *d, const float *m, int64_t n, int64_t k, float *out) {
     int64_t groups = k / GROUP;
-    for (int64_t j = 0; j < n; j++) {
-        int64_t r = 0;
-#if PRODUCTS_AVX2
-        for (; r + 4 <= rows; r += 4)
-            int4_rows4(codes + j * groups * 16, d + j * groups, m + j * groups, xq + r * k, dx + r * groups,
-                       corr + r * groups, k, groups, out + r * n + j, n);
-        if (rows - r >= 2) { /* the last 2 or 3 rows share the unpacking too (a chunk of 15 tokens: 3) */
-            (rows - r == 3 ? int4_rows3 : int4_rows2)(codes + j * groups * 16, d + j * groups, m + j * groups,
-                                                      xq + r * k, dx + r * groups, corr + r * groups, k, groups,
-                                                      out + r * n + j, n);
-            r = rows;
+#if PRODUCT_BLOCK
+    static void (*const by_count[4])(const uint8_t *, const float *, const float *, const int8_t *, const float *,
+                                     const float *, int64_t, int64_t, float *, int64_t, int64_t) = {
+        int4_block_rows1, int4_block_rows2, int4_block_rows3, int4_block_rows4};
+    for (int64_t b = 0; b * PRODUCT_BLOCK < n; b++) {
+        int64_t width = n - b * PRODUCT_BLOCK < PRODUCT_BLOCK ? n - b * PRODUCT_BLOCK : PRODUCT_BLOCK;
+        const uint8_t *w = codes + b * groups * PRODUCT_BLOCK * GROUP / 2;
+        const float *db = d + b * groups * PRODUCT_BLOCK, *mb = m + b * groups * PRODUCT_BLOCK;
+        for (int64_t r = 0; r < rows; r += 4) { /* the block's codes stay in L1 for all the rows */
+            int64_t count = rows - r < 4 ? rows - r : 4;
+            by_count[count - 1](w, db, mb, xq + r * k, dx + r * groups, corr + r * groups, k, groups,
+                                out + r * n + b * PRODUCT_BLOCK, n, width);
         }
-#endif
-        for (; r < rows; r++) {
+    }
+#else
+    for (int64_t j = 0; j < n; j++) {
+        for (int64_t r = 0; r < rows; r++) {
             out[r * n + j] = int4_row(codes + j * groups * 16, d + j * groups, m + j * groups, xq + r * k,
                                       dx + r * groups, corr + r * groups, groups);
         }
     }
+#endif
 }
 
 /* x [rows, k] float32 quantised here, then the product: one call per product (the calls' own cost

@@ -54,6 +54,7 @@ _SIGNATURES: dict[str, list[type]] = {
     "helper_configure": [_I],
     "int8_matmul": [_P, _I, _I, _P, _P, _I, _P],
     "int4_matmul": [_P, _I, _I, _P, _P, _P, _I, _P],
+    "product_block": [],
     "int8_vectorised": [],
     "rms_norm_f32": [_P, _I, _I, _P, ctypes.c_float, _P],
     "silu_mul_f32": [_P, _I, _I, _P],
@@ -79,6 +80,8 @@ class Kernels:
         self.int8_vectorised = bool(self.functions["int8_vectorised"]())
         # float16 converted by the CPU's own instructions (F16C): a float16 cache costs no more arithmetic
         self.f16_fast = bool(self.functions["f16_fast"]())
+        # weight rows per block of the products' codes (kernels.c, "The blocks"): 8 on AVX2, else 0
+        self.product_block = int(self.functions["product_block"]())
 
     def configure_helper(self, min_length: int) -> bool:
         """Decoding rows at least ``min_length`` long attend with ``kernels.c``'s helper thread from now
@@ -154,15 +157,19 @@ class Kernels:
         n, k = codes.shape
         if k % GROUP or codes.dtype != torch.int8 or scales.shape != (n, k // GROUP) or scales.dtype != torch.float32:
             raise ValueError(f"8-bit groups of codes {tuple(codes.shape)}, scales {tuple(scales.shape)}")
-        return GroupedWeights(self.functions["int8_matmul"], k, (codes, scales))
+        if self.product_block:  # [blocks, groups, step, row, 4]
+            codes = weights.in_blocks(codes.view(n, k // GROUP, GROUP), self.product_block, 4).flatten(1)
+            scales = weights.scales_in_blocks(scales, self.product_block)
+        return GroupedWeights(self.functions["int8_matmul"], n, k, (codes, scales))
 
     def int4_weights(self, weight: Tensor, groups: weights.Groups4 | None = None) -> "GroupedWeights":
         """``weight`` (float32 ``[n, k]``; ``groups``: already quantised) in 4-bit groups
         (``weights.Groups4.for_kernels_c``) for ``int4_matmul``."""
-        if weight.shape[1] % GROUP:
+        n, k = weight.shape
+        if k % GROUP:
             raise ValueError(f"4-bit groups of {tuple(weight.shape)}: not a multiple of {GROUP} inputs")
-        laid_out = (groups or weights.Groups4.of(weight)).for_kernels_c()
-        return GroupedWeights(self.functions["int4_matmul"], weight.shape[1], laid_out)
+        laid_out = (groups or weights.Groups4.of(weight)).for_kernels_c(self.product_block)
+        return GroupedWeights(self.functions["int4_matmul"], n, k, laid_out)
 
 
 class GroupedWeights:
@@ -170,8 +177,8 @@ class GroupedWeights:
     float32, ``x`` quantised to 8 bits per 32 inputs first (checked once here, so that a call costs
     little: a step makes 120)."""
 
-    def __init__(self, function: Any, k: int, tensors: tuple[Tensor, ...]) -> None:
-        self._function, self.k, self.n = function, k, tensors[0].shape[0]
+    def __init__(self, function: Any, n: int, k: int, tensors: tuple[Tensor, ...]) -> None:
+        self._function, self.n, self.k = function, n, k
         self._tensors = tuple(t.contiguous() for t in tensors)  # kept: the pointers point into them
         self._pointers = [t.data_ptr() for t in self._tensors]
 

@@ -36,7 +36,6 @@ _SHAPE = (2048, 1024)
 _LAYERS = 8
 _INT4_ROWS = (1, 2, 4, 8, 16, 32)
 MERGE_CHUNK = 32  # prompt tokens of the chunk that ``merge_rows`` is measured beside
-_KERNELS = " (kernels.c)"  # in the cache's key of figures measured on kernels.c's products
 
 
 def cpu_signature() -> str:
@@ -87,7 +86,7 @@ def int4_rows(cache_dir: Path, dtype: torch.dtype, native: kernels.Kernels | Non
         logger.info("4-bit weights pay for products of up to %d rows on %s", rows, cpu_signature())
         return str(rows)
 
-    return int(_cached(cache_dir, f"{cpu_signature()} int4{_KERNELS if native else ''} vs {_name(dtype)}", measure))
+    return int(_cached(cache_dir, f"{cpu_signature()} int4{_kernels(native)} vs {_name(dtype)}", measure))
 
 
 def merge_rows(cache_dir: Path, dtype: torch.dtype, packed_rows: int, native: kernels.Kernels | None = None) -> int:
@@ -105,7 +104,7 @@ def merge_rows(cache_dir: Path, dtype: torch.dtype, packed_rows: int, native: ke
         logger.info("a dense chunk product takes up to %d decoding rows along on %s", rows, cpu_signature())
         return str(rows)
 
-    signature = f"{cpu_signature()} merge{_KERNELS if native else ''} vs {_name(dtype)}"
+    signature = f"{cpu_signature()} merge{_kernels(native)} vs {_name(dtype)}"
     return min(packed_rows, int(_cached(cache_dir, signature, measure)))
 
 
@@ -119,6 +118,13 @@ def _most_rows(counts: tuple[int, ...], seconds: Callable[[int], tuple[float, fl
             break
         rows = count
     return rows
+
+
+def _kernels(native: kernels.Kernels | None) -> str:
+    """In the cache's key of figures measured on ``native``'s products: which layout they take."""
+    if native is None:
+        return ""
+    return f" (kernels.c, blocks of {native.product_block})" if native.product_block else " (kernels.c)"
 
 
 def _name(dtype: torch.dtype) -> str:

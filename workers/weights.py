@@ -194,10 +194,14 @@ class Groups4:
         codes = self.codes.view(rows, groups * GROUP).to(torch.int32)
         return torch._convert_weight_to_int4pack_for_cpu(codes, 1), scales_zeros
 
-    def for_kernels_c(self) -> tuple[Tensor, Tensor, Tensor]:
-        """Laid out for ``kernels.c``'s ``int4_product``: codes packed two groups to 32 bytes (byte ``j``:
-        code ``j`` of the first group, low nibble, and of the second; a last odd group in 16 bytes, byte
-        ``j``: codes ``j`` and ``j + 16``), scales and minimums ``[rows, groups]``."""
+    def for_kernels_c(self, block: int = 0) -> tuple[Tensor, Tensor, Tensor]:
+        """Laid out for ``kernels.c``'s ``int4_product``: a row at a time (``block`` 0: codes packed two
+        groups to 32 bytes, byte ``j``: code ``j`` of the first group, low nibble, and of the second; a
+        last odd group in 16 bytes, byte ``j``: codes ``j`` and ``j + 16``; scales and minimums ``[rows,
+        groups]``), or in blocks of ``block`` rows (8: ``kernels.c``, "The blocks"; the rows padded with
+        zeros to a multiple of 8, scales and minimums ``[blocks, groups, 8]``)."""
+        if block:
+            return self._blocks(block)
         rows, groups, _ = self.codes.shape
         codes = self.codes.to(torch.uint8)
         pairs = groups // 2
@@ -207,6 +211,33 @@ class Groups4:
             last = codes[:, -1]
             parts.append(last[:, :16] | (last[:, 16:] << 4))
         return torch.cat(parts, dim=1).contiguous(), self.scale.contiguous(), self.low.contiguous()
+
+    def _blocks(self, block: int) -> tuple[Tensor, Tensor, Tensor]:
+        """Codes ``[blocks, groups * 4 * 32]``: per group 4 steps of 32 bytes, byte ``4 r + t`` of step
+        ``s`` holding row ``r``'s code ``8 s + t`` (low nibble) and ``8 s + 4 + t`` (high)."""
+        codes = in_blocks(self.codes.to(torch.uint8), block, 8)  # [blocks, groups, step, row, 8]
+        packed = codes[..., :4] | (codes[..., 4:] << 4)
+        return (packed.flatten(1).contiguous(), scales_in_blocks(self.scale, block),
+                scales_in_blocks(self.low, block))
+
+
+def in_blocks(codes: Tensor, block: int, per_step: int) -> Tensor:
+    """``codes`` ``[rows, groups, GROUP]`` in ``kernels.c``'s blocks of ``block`` (8) rows, ``[blocks,
+    groups, steps, block, per_step]``: each step ``per_step`` codes of each of the block's rows, the
+    rows padded with zeros to a multiple of ``block``."""
+    if block != 8 or GROUP != 32:
+        raise ValueError(f"blocks of {block} rows: kernels.c takes 8 rows of groups of 32")
+    rows, groups, _ = codes.shape
+    padded = functional.pad(codes, (0, 0, 0, 0, 0, -rows % block))
+    return padded.view(-1, block, groups, GROUP // per_step, per_step).permute(0, 2, 3, 1, 4)
+
+
+def scales_in_blocks(scales: Tensor, block: int) -> Tensor:
+    """Per-group ``scales`` ``[rows, groups]`` as ``kernels.c``'s blocks take them: ``[blocks, groups,
+    block]``, the rows padded with zeros."""
+    rows, groups = scales.shape
+    padded = functional.pad(scales, (0, 0, 0, -rows % block))
+    return padded.view(-1, block, groups).transpose(1, 2).contiguous()
 
 
 def on_int4_grid(weight: Tensor) -> bool:

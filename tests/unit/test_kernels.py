@@ -12,7 +12,7 @@ from torch.nn import functional
 from lmsp_core.settings import load_settings
 from workers import attention, kernels, loader
 from workers.layers import rotate
-from workers.weights import int4_native, int8_codes
+from workers.weights import Groups4, in_blocks, int4_native, int8_codes, scales_in_blocks
 
 
 @pytest.fixture(scope="module")
@@ -317,6 +317,31 @@ def test_the_4_bit_product_is_the_product_of_the_quantised_inputs(built: kernels
     torch.testing.assert_close(got.double(), quantised.double() @ weights.double().T, rtol=1e-4, atol=1e-4)
     full = x.double() @ weights.double().T
     assert (got.double() - full).abs().max() < 0.02 * full.abs().max()
+
+
+def test_the_blocks_hold_each_code_where_the_avx2_products_read_it() -> None:
+    """kernels.c's blocks (AVX2): byte ``4 r + t`` of a group's step ``s`` is row ``r``'s code ``4 s + t``
+    (8-bit) or holds codes ``8 s + t`` and ``8 s + 4 + t`` (4-bit, low and high nibble); scales ``[blocks,
+    groups, 8]``; the rows padded with zeros to a multiple of 8. Checked on any CPU: the products
+    above run on blocks only where the kernels are built for AVX2."""
+    rows, groups = 11, 3
+    codes = torch.arange(rows * groups * 32).view(rows, groups, 32) % 251 - 125
+    eight = in_blocks(codes.to(torch.int8), 8, 4).flatten(1)
+    assert eight.shape == (2, groups * 8 * 32)
+    for r, g, c in [(0, 0, 0), (3, 1, 17), (10, 2, 31), (7, 2, 5)]:
+        block, row = divmod(r, 8)
+        assert eight[block, (g * 8 + c // 4) * 32 + 4 * row + c % 4] == codes[r, g, c]
+    assert not eight[1].view(groups, 8, 8, 4)[:, :, 3:].any()  # rows 11-15: padding
+    nibbles = torch.randint(0, 16, (rows, groups, 32), generator=torch.Generator().manual_seed(3))
+    scale, low = torch.rand(rows, groups), -torch.rand(rows, groups)
+    four, scales, lows = Groups4(nibbles.float(), scale, low).for_kernels_c(8)
+    assert four.shape == (2, groups * 4 * 32) and four.dtype == torch.uint8
+    for r, g, c in [(0, 0, 0), (3, 1, 17), (10, 2, 31), (9, 0, 12)]:
+        block, row = divmod(r, 8)
+        byte = int(four[block, (g * 4 + c // 8) * 32 + 4 * row + c % 4])
+        assert (byte >> 4 if c % 8 >= 4 else byte & 0x0F) == nibbles[r, g, c]
+    assert torch.equal(scales[1, 2, :3], scale[8:, 2]) and not scales[1, :, 3:].any()
+    assert torch.equal(lows, scales_in_blocks(low, 8)) and lows.shape == (2, groups, 8)
 
 
 def test_they_are_built_once_per_host_and_kept(tmp_path: Path) -> None:

@@ -34,6 +34,10 @@ _FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
 _ROWS = (1, 16)
 _SHAPE = (2048, 1024)
 _LAYERS = 8
+# no further, though kernels.c's AVX2 products beat float32 weights up to 512 rows: a prompt of more
+# than 32 tokens prefills on the dense weights and float inputs (with its inputs quantised to 8 bits,
+# SmolLM2's greedy answers to ten prompts of 36-43 tokens all left the float32 model's, one at its
+# first token; six of ten did with the prompts dense: docs/performance.md)
 _INT4_ROWS = (1, 2, 4, 8, 16, 32)
 MERGE_CHUNK = 32  # prompt tokens of the chunk that ``merge_rows`` is measured beside
 

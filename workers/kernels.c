@@ -1132,16 +1132,17 @@ int rms_norm_f32(const float *x, int64_t rows, int64_t n, const float *weight, f
 int int8_vectorised(void) { return INT8_VECTORISED; }
 
 #if PRODUCTS_AVX2
-/* The blocks: on AVX2, both products take their codes in blocks of PRODUCT_BLOCK (8) weight rows
-   rather than a row at a time (Python lays them out: workers/weights.py), so that one byte product
-   (maddubs) multiplies 8 rows' codes at once, each row's sums in its own lanes, and each group is
-   scaled once for all 8 rows, the results 8 outputs in a vector. A row at a time, each row's group cost
-   its own conversion, scaling and, at the end, a horizontal sum. In a block's group, step s holds 4
-   codes of each row (the 4-bit ones two such sets, in the low and high nibbles): byte 4 r + t for row
-   r, to multiply the 4 inputs of the step broadcast to all lanes. Each row's scales (and minimums) are
-   [blocks, groups, 8]. The last block of a weight whose rows are not a multiple of 8 is padded with
-   zeros. SmolLM2's products on the AVX2 EPYC, in a C harness: 4-bit 1.9-2.4x faster for 1 to 16 rows;
-   the output layer's 8-bit 1.3x for one row and 1.5x for 4 to 16 (docs/performance.md). */
+/* The blocks: both products take their codes in blocks of PRODUCT_BLOCK weight rows rather than a row
+   at a time (Python lays them out: workers/weights.py), so that one byte product multiplies a block's
+   rows' codes at once, each row's sums in its own lanes, and each group is scaled once for the whole
+   block, the results a vector of outputs. A row at a time, each row's group cost its own conversion,
+   scaling and, at the end, a horizontal sum. In a block's group, step s holds 4 codes of each row (the
+   4-bit ones two such sets, in the low and high nibbles): byte 4 r + t for row r, to multiply the 4
+   inputs of the step broadcast to all lanes. Each row's scales (and minimums) are [blocks, groups,
+   PRODUCT_BLOCK]. The last block of a weight whose rows are not a multiple of the block is padded with
+   zeros. On AVX2, blocks of 8 rows (maddubs); on AVX512-VNNI, of 16 (vpdpbusd, its sums in 32 bits).
+   SmolLM2's products on the AVX2 EPYC, in a C harness: 4-bit 1.9-2.4x faster for 1 to 16 rows than a
+   row at a time; the output layer's 8-bit 1.3x for one row and 1.5x for 4 to 16 (docs/performance.md). */
 #define PRODUCT_BLOCK 8
 
 /* A block's 8 results of one input row into out's `width` (up to 8) columns. */
@@ -1161,11 +1162,27 @@ static inline __m256i four_inputs(const int8_t *x) {
     memcpy(&word, x, sizeof(word));
     return _mm256_set1_epi32(word);
 }
+#elif PRODUCTS_VNNI
+#define PRODUCT_BLOCK 16 /* the blocks (above), a row's 4 codes to each of a vector's 16 lanes */
+/* The 4-bit codes and scales fetched this many bytes ahead of those being read (SmolLM2's layers
+   are 80 MB a step, beyond the caches: 30 layers' products of one row 2-12% faster with 512 or 1,024
+   on the AVX512-BF16 EPYC of family 25, none with 8,192) */
+#define CODES_AHEAD 1024
+
+static inline void store_block(float *out, __m512 sums, int64_t width) {
+    _mm512_mask_storeu_ps(out, (__mmask16)((1u << width) - 1), sums);
+}
+
+static inline __m512i four_inputs(const int8_t *x) {
+    int32_t word;
+    memcpy(&word, x, sizeof(word));
+    return _mm512_set1_epi32(word);
+}
 #else
 #define PRODUCT_BLOCK 0
 #endif
 
-/* Rows per block of both products' codes: 8 (the blocks above), or 0: a row at a time. */
+/* Rows per block of both products' codes: 8 or 16 (the blocks above), or 0: a row at a time. */
 int product_block(void) { return PRODUCT_BLOCK; }
 
 /* x [rows, k] float32 -> xq [rows, k] int8 and, per group of 32, its scale dx and corr =
@@ -1192,42 +1209,20 @@ void int8_quantize(const float *x, int64_t rows, int64_t k, int8_t *xq, float *d
     }
 }
 
-#if !PRODUCTS_AVX2
+#if !PRODUCT_BLOCK
 /* One weight row against one quantised input row: sum over groups of scale * dx * (codes . xq). */
 static float int8_row(const int8_t *w, const float *s, const int8_t *xr, const float *dr, const float *cr,
                       int64_t groups) {
-    int64_t g = 0;
     float total = 0.0f;
-#if PRODUCTS_VNNI
-    const __m512i flip = _mm512_set1_epi8((char)0x80); /* code + 128 as unsigned bytes */
-    __m512 acc = _mm512_setzero_ps();
-    for (; g + 2 <= groups; g += 2) { /* two groups: 64 bytes, 16 sums of 4 products */
-        __m512i wv = _mm512_xor_si512(_mm512_loadu_si512(w + g * GROUP), flip);
-        __m512i xv = _mm512_loadu_si512(xr + g * GROUP);
-        __m512i sums = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv, xv);
-        __m512 lanes = _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(s[g] * dr[g]), _mm512_set1_ps(s[g + 1] * dr[g + 1]));
-        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums), lanes, acc);
-    }
-    int64_t h = 0;
-    for (; h + 16 <= groups; h += 16)
-        acc = _mm512_fnmadd_ps(_mm512_loadu_ps(s + h), _mm512_loadu_ps(cr + h), acc);
-    if (h < groups) {
-        __mmask16 m = (__mmask16)((1u << (groups - h)) - 1);
-        acc = _mm512_fnmadd_ps(_mm512_maskz_loadu_ps(m, s + h), _mm512_maskz_loadu_ps(m, cr + h), acc);
-    }
-    total = _mm512_reduce_add_ps(acc);
-#else
-    for (int64_t h = 0; h < groups; h++) total -= s[h] * cr[h];
-#endif
-    for (; g < groups; g++) {
+    for (int64_t g = 0; g < groups; g++) {
         int32_t sum = 0;
         for (int i = 0; i < GROUP; i++) sum += ((int32_t)w[g * GROUP + i] + 128) * (int32_t)xr[g * GROUP + i];
-        total += s[g] * dr[g] * (float)sum;
+        total += s[g] * dr[g] * (float)sum - s[g] * cr[g];
     }
     return total;
 }
 
-#else
+#elif PRODUCTS_AVX2
 /* A block of 8-bit codes (8 steps of 4 codes a row per group: byte 4 r + t of step s is row r's code
    4 s + t) against `count` (1 to 4) input rows (xr, dr: the first's; the next ones k bytes and groups
    scales further on), into its `width` columns of out (the next row's n floats further on). A Q8_0
@@ -1235,9 +1230,10 @@ static float int8_row(const int8_t *w, const float *s, const int8_t *xr, const f
    127, so each step's sums widen to 32 bits at once. Inlined with a constant count, so that the sums
    stay in registers. */
 static inline __attribute__((always_inline)) void int8_block_rows(const int8_t *w, const float *s, const int8_t *xr,
-                                                                const float *dr, int64_t k, int64_t groups,
-                                                                float *out, int64_t n, int64_t width,
-                                                                const int count) {
+                                                                const float *dr, const float *cr, int64_t k,
+                                                                int64_t groups, float *out, int64_t n,
+                                                                int64_t width, const int count) {
+    (void)cr;
     const __m256i ones = _mm256_set1_epi16(1);
     __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
     for (int64_t g = 0; g < groups; g++) {
@@ -1260,10 +1256,41 @@ static inline __attribute__((always_inline)) void int8_block_rows(const int8_t *
     for (int i = 0; i < count; i++) store_block(out + i * n, acc[i], width);
 }
 
+#else
+/* As above with AVX512-VNNI: blocks of 16 rows, 8 steps of 64 bytes a group. vpdpbusd takes the codes
+   unsigned (code + 128: the inputs' sums take the 128 back, corr) and adds each row's 4 products
+   into its 32-bit lane. */
+static inline __attribute__((always_inline)) void int8_block_rows(const int8_t *w, const float *s, const int8_t *xr,
+                                                                const float *dr, const float *cr, int64_t k,
+                                                                int64_t groups, float *out, int64_t n,
+                                                                int64_t width, const int count) {
+    const __m512i flip = _mm512_set1_epi8((char)0x80);
+    __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+    for (int64_t g = 0; g < groups; g++) {
+        __m512i sums[4] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512(),
+                           _mm512_setzero_si512()};
+        for (int step = 0; step < 8; step++) {
+            __m512i codes = _mm512_xor_si512(_mm512_loadu_si512(w + (g * 8 + step) * 64), flip);
+            for (int i = 0; i < count; i++)
+                sums[i] = _mm512_dpbusd_epi32(sums[i], codes, four_inputs(xr + i * k + g * GROUP + step * 4));
+        }
+        __m512 scales = _mm512_loadu_ps(s + g * PRODUCT_BLOCK);
+        for (int i = 0; i < count; i++) {
+            acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums[i]),
+                                     _mm512_mul_ps(scales, _mm512_set1_ps(dr[i * groups + g])), acc[i]);
+            acc[i] = _mm512_fnmadd_ps(scales, _mm512_set1_ps(cr[i * groups + g]), acc[i]);
+        }
+    }
+    for (int i = 0; i < count; i++) store_block(out + i * n, acc[i], width);
+}
+#endif
+
+#if PRODUCT_BLOCK
 #define DEFINE_INT8_BLOCK_ROWS(COUNT)                                                                    \
     static void int8_block_rows##COUNT(const int8_t *w, const float *s, const int8_t *xr, const float *dr, \
-                                       int64_t k, int64_t groups, float *out, int64_t n, int64_t width) {  \
-        int8_block_rows(w, s, xr, dr, k, groups, out, n, width, COUNT);                                    \
+                                       const float *cr, int64_t k, int64_t groups, float *out, int64_t n,  \
+                                       int64_t width) {                                                    \
+        int8_block_rows(w, s, xr, dr, cr, k, groups, out, n, width, COUNT);                                \
     }
 DEFINE_INT8_BLOCK_ROWS(1)
 DEFINE_INT8_BLOCK_ROWS(2)
@@ -1271,22 +1298,22 @@ DEFINE_INT8_BLOCK_ROWS(3)
 DEFINE_INT8_BLOCK_ROWS(4)
 #endif
 
-/* out [rows, n] float32 = x . w for codes [n, k] int8 and scales [n, k / 32] float32, or on AVX2 in
-   blocks (above); x quantised by int8_quantize (xq, dx, corr). */
+/* out [rows, n] float32 = x . w for codes [n, k] int8 and scales [n, k / 32] float32, or in blocks
+   (above); x quantised by int8_quantize (xq, dx, corr). */
 void int8_product(const int8_t *xq, const float *dx, const float *corr, int64_t rows, const int8_t *codes,
                   const float *scales, int64_t n, int64_t k, float *out) {
     int64_t groups = k / GROUP;
 #if PRODUCT_BLOCK
-    (void)corr;
-    static void (*const by_count[4])(const int8_t *, const float *, const int8_t *, const float *, int64_t, int64_t,
-                                     float *, int64_t, int64_t) = {int8_block_rows1, int8_block_rows2,
-                                                                   int8_block_rows3, int8_block_rows4};
+    static void (*const by_count[4])(const int8_t *, const float *, const int8_t *, const float *, const float *,
+                                     int64_t, int64_t, float *, int64_t, int64_t) = {
+        int8_block_rows1, int8_block_rows2, int8_block_rows3, int8_block_rows4};
     for (int64_t b = 0; b * PRODUCT_BLOCK < n; b++) {
         int64_t width = n - b * PRODUCT_BLOCK < PRODUCT_BLOCK ? n - b * PRODUCT_BLOCK : PRODUCT_BLOCK;
         for (int64_t r = 0; r < rows; r += 4) { /* the block's codes stay in L1 for all the rows */
             int64_t count = rows - r < 4 ? rows - r : 4;
             by_count[count - 1](codes + b * groups * PRODUCT_BLOCK * GROUP, scales + b * groups * PRODUCT_BLOCK,
-                                xq + r * k, dx + r * groups, k, groups, out + r * n + b * PRODUCT_BLOCK, n, width);
+                                xq + r * k, dx + r * groups, corr + r * groups, k, groups,
+                                out + r * n + b * PRODUCT_BLOCK, n, width);
         }
     }
 #else
@@ -1299,75 +1326,33 @@ void int8_product(const int8_t *xq, const float *dx, const float *corr, int64_t 
 #endif
 }
 
-#if !PRODUCTS_AVX2
-/* codes . inputs of a last odd group of 4-bit codes, alone in 16 bytes (byte j: codes j and j + 16) */
-static int32_t lone_group(const uint8_t *b, const int8_t *x) {
-    int32_t sum = 0;
-    for (int j = 0; j < 16; j++) sum += (int32_t)(b[j] & 0x0F) * (int32_t)x[j] + (int32_t)(b[j] >> 4) * (int32_t)x[16 + j];
-    return sum;
-}
-
+#if !PRODUCT_BLOCK
 /* One weight row of 4-bit groups, packed two groups to 32 bytes (byte j: code j of the first group in
    the low nibble, of the second in the high one; a last odd group alone in 16 bytes, byte j: codes j
    and j + 16), against one quantised input row. The minimums take the inputs' sums (corr / 128). */
 static float int4_row(const uint8_t *w, const float *d, const float *m, const int8_t *xr, const float *dr,
                       const float *cr, int64_t groups) {
-    int64_t g = 0;
     float total = 0.0f;
-#if PRODUCTS_VNNI
-    const __m256i nibble = _mm256_set1_epi8(0x0F);
-    __m512 acc = _mm512_setzero_ps(), acc2 = _mm512_setzero_ps();
-    for (; g + 2 <= groups; g += 16) { /* up to 16 groups: their scales times the inputs' at once */
-        int64_t count = groups - g < 16 ? (groups - g) & ~(int64_t)1 : 16;
-        __mmask16 mask = (__mmask16)((1u << count) - 1);
-        __m512 scales = _mm512_mul_ps(_mm512_maskz_loadu_ps(mask, d + g), _mm512_maskz_loadu_ps(mask, dr + g));
-        for (int64_t p = 0; p < count; p += 2) {
-            __m256i packed = _mm256_loadu_si256((const __m256i *)(w + (g + p) * 16));
-            __m512i codes = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(packed, nibble)),
-                                               _mm256_and_si256(_mm256_srli_epi16(packed, 4), nibble), 1);
-            __m512i sums = _mm512_dpbusd_epi32(_mm512_setzero_si512(), codes,
-                                               _mm512_loadu_si512(xr + (g + p) * GROUP));
-            /* lanes 0-7: group g + p's scale, 8-15: the next one's */
-            __m512i which = _mm512_mask_blend_epi32(0xFF00, _mm512_set1_epi32((int)p), _mm512_set1_epi32((int)p + 1));
-            __m512 lanes = _mm512_permutexvar_ps(which, scales);
-            if (p & 2) acc2 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums), lanes, acc2);
-            else acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums), lanes, acc);
-        }
-        if (count < 16) { g += count; break; }
-    }
-    acc = _mm512_add_ps(acc, acc2);
-    const __m512 eighth = _mm512_set1_ps(1.0f / 128.0f);
-    int64_t h = 0;
-    for (; h + 16 <= groups; h += 16)
-        acc = _mm512_fmadd_ps(_mm512_loadu_ps(m + h), _mm512_mul_ps(_mm512_loadu_ps(cr + h), eighth), acc);
-    if (h < groups) {
-        __mmask16 mask = (__mmask16)((1u << (groups - h)) - 1);
-        acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mask, m + h),
-                              _mm512_mul_ps(_mm512_maskz_loadu_ps(mask, cr + h), eighth), acc);
-    }
-    total = _mm512_reduce_add_ps(acc);
-#else
-    for (int64_t h = 0; h < groups; h++) total += m[h] * cr[h] / 128.0f;
-#endif
-    for (; g < groups; g++) {
+    for (int64_t g = 0; g < groups; g++) {
         const uint8_t *b = w + g * 16;
         const int8_t *x = xr + g * GROUP;
+        total += m[g] * cr[g] / 128.0f;
         int32_t sum = 0;
-        if (g + 1 < groups) { /* a pair (the plain-C path) */
+        if (g + 1 < groups) { /* a pair */
             for (int j = 0; j < GROUP; j++) sum += (int32_t)(b[j] & 0x0F) * (int32_t)x[j];
             int32_t next = 0;
             for (int j = 0; j < GROUP; j++) next += (int32_t)(b[j] >> 4) * (int32_t)x[GROUP + j];
-            total += d[g + 1] * dr[g + 1] * (float)next;
-            total += d[g] * dr[g] * (float)sum;
+            total += d[g] * dr[g] * (float)sum + m[g + 1] * cr[g + 1] / 128.0f + d[g + 1] * dr[g + 1] * (float)next;
             g++;
             continue;
         }
-        total += d[g] * dr[g] * (float)lone_group(b, x);
+        for (int j = 0; j < 16; j++) sum += (int32_t)(b[j] & 0x0F) * (int32_t)x[j] + (int32_t)(b[j] >> 4) * (int32_t)x[16 + j];
+        total += d[g] * dr[g] * (float)sum;
     }
     return total;
 }
 
-#else
+#elif PRODUCTS_AVX2
 /* A block of 4-bit codes (4 steps of 8 codes a row per group: byte 4 r + t of step s holds row r's
    code 8 s + t in its low nibble, 8 s + 4 + t in its high one) against `count` (1 to 4) input rows, as
    int8_block_rows. A group's 8 byte products add in 16 bits (16 products of at most 15 * 127 each);
@@ -1403,6 +1388,42 @@ static inline __attribute__((always_inline)) void int4_block_rows(const uint8_t 
     for (int i = 0; i < count; i++) store_block(out + i * n, acc[i], width);
 }
 
+#else
+/* As above with AVX512-VNNI: blocks of 16 rows, 4 steps of 64 bytes a group, each row's sums in 32 bits. */
+static inline __attribute__((always_inline)) void int4_block_rows(const uint8_t *w, const float *d, const float *m,
+                                                                const int8_t *xr, const float *dr, const float *cr,
+                                                                int64_t k, int64_t groups, float *out, int64_t n,
+                                                                int64_t width, const int count) {
+    const __m512i nibble = _mm512_set1_epi8(0x0F);
+    const __m512 eighth = _mm512_set1_ps(1.0f / 128.0f);
+    __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+    for (int64_t g = 0; g < groups; g++) {
+        __m512i sums[4] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512(),
+                           _mm512_setzero_si512()};
+        for (int s = 0; s < 4; s++) {
+            _mm_prefetch((const char *)(w + (g * 4 + s) * 64 + CODES_AHEAD), _MM_HINT_T0);
+            __m512i packed = _mm512_loadu_si512(w + (g * 4 + s) * 64);
+            __m512i low = _mm512_and_si512(packed, nibble), high = _mm512_and_si512(_mm512_srli_epi16(packed, 4), nibble);
+            for (int i = 0; i < count; i++) {
+                const int8_t *x = xr + i * k + g * GROUP + s * 8;
+                sums[i] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(sums[i], low, four_inputs(x)), high, four_inputs(x + 4));
+            }
+        }
+        _mm_prefetch((const char *)(d + g * PRODUCT_BLOCK) + CODES_AHEAD / 2, _MM_HINT_T0);
+        _mm_prefetch((const char *)(m + g * PRODUCT_BLOCK) + CODES_AHEAD / 2, _MM_HINT_T0);
+        __m512 scales = _mm512_loadu_ps(d + g * PRODUCT_BLOCK);
+        __m512 minimums = _mm512_mul_ps(_mm512_loadu_ps(m + g * PRODUCT_BLOCK), eighth);
+        for (int i = 0; i < count; i++) {
+            acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums[i]), _mm512_mul_ps(scales, _mm512_set1_ps(dr[i * groups + g])),
+                                     acc[i]);
+            acc[i] = _mm512_fmadd_ps(minimums, _mm512_set1_ps(cr[i * groups + g]), acc[i]);
+        }
+    }
+    for (int i = 0; i < count; i++) store_block(out + i * n, acc[i], width);
+}
+#endif
+
+#if PRODUCT_BLOCK
 #define DEFINE_INT4_BLOCK_ROWS(COUNT)                                                                    \
     static void int4_block_rows##COUNT(const uint8_t *w, const float *d, const float *m, const int8_t *xr, \
                                        const float *dr, const float *cr, int64_t k, int64_t groups,        \
@@ -1416,7 +1437,7 @@ DEFINE_INT4_BLOCK_ROWS(4)
 #endif
 
 /* out [rows, n] float32 = x . w for 4-bit groups: codes [n, 16 * groups] packed as int4_row takes
-   them, d and m [n, groups] float32, or on AVX2 in blocks (above); x quantised by int8_quantize. */
+   them, d and m [n, groups] float32, or in blocks (above); x quantised by int8_quantize. */
 void int4_product(const int8_t *xq, const float *dx, const float *corr, int64_t rows, const uint8_t *codes,
                   const float *d, const float *m, int64_t n, int64_t k, float *out) {
     int64_t groups = k / GROUP;

@@ -80,7 +80,8 @@ class Kernels:
         self.int8_vectorised = bool(self.functions["int8_vectorised"]())
         # float16 converted by the CPU's own instructions (F16C): a float16 cache costs no more arithmetic
         self.f16_fast = bool(self.functions["f16_fast"]())
-        # weight rows per block of the products' codes (kernels.c, "The blocks"): 8 on AVX2, else 0
+        # weight rows per block of the products' codes (kernels.c, "The blocks"): 8 on AVX2, 16 on
+        # AVX512-VNNI, else 0
         self.product_block = int(self.functions["product_block"]())
 
     def configure_helper(self, min_length: int) -> bool:

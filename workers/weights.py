@@ -213,8 +213,8 @@ class Groups4:
         return torch.cat(parts, dim=1).contiguous(), self.scale.contiguous(), self.low.contiguous()
 
     def _blocks(self, block: int) -> tuple[Tensor, Tensor, Tensor]:
-        """Codes ``[blocks, groups * 4 * 32]``: per group 4 steps of 32 bytes, byte ``4 r + t`` of step
-        ``s`` holding row ``r``'s code ``8 s + t`` (low nibble) and ``8 s + 4 + t`` (high)."""
+        """Codes ``[blocks, groups * 16 block]``: per group 4 steps of ``4 block`` bytes, byte ``4 r + t``
+        of step ``s`` holding row ``r``'s code ``8 s + t`` (low nibble) and ``8 s + 4 + t`` (high)."""
         codes = in_blocks(self.codes.to(torch.uint8), block, 8)  # [blocks, groups, step, row, 8]
         packed = codes[..., :4] | (codes[..., 4:] << 4)
         return (packed.flatten(1).contiguous(), scales_in_blocks(self.scale, block),
@@ -222,11 +222,11 @@ class Groups4:
 
 
 def in_blocks(codes: Tensor, block: int, per_step: int) -> Tensor:
-    """``codes`` ``[rows, groups, GROUP]`` in ``kernels.c``'s blocks of ``block`` (8) rows, ``[blocks,
-    groups, steps, block, per_step]``: each step ``per_step`` codes of each of the block's rows, the
-    rows padded with zeros to a multiple of ``block``."""
-    if block != 8 or GROUP != 32:
-        raise ValueError(f"blocks of {block} rows: kernels.c takes 8 rows of groups of 32")
+    """``codes`` ``[rows, groups, GROUP]`` in ``kernels.c``'s blocks of ``block`` rows (8 on AVX2, 16 on
+    AVX512-VNNI), ``[blocks, groups, steps, block, per_step]``: each step ``per_step`` codes of each of
+    the block's rows, the rows padded with zeros to a multiple of ``block``."""
+    if block not in (8, 16) or GROUP != 32:
+        raise ValueError(f"blocks of {block} rows: kernels.c takes 8 or 16 rows of groups of 32")
     rows, groups, _ = codes.shape
     padded = functional.pad(codes, (0, 0, 0, 0, 0, -rows % block))
     return padded.view(-1, block, groups, GROUP // per_step, per_step).permute(0, 2, 3, 1, 4)

@@ -319,29 +319,62 @@ def test_the_4_bit_product_is_the_product_of_the_quantised_inputs(built: kernels
     assert (got.double() - full).abs().max() < 0.02 * full.abs().max()
 
 
-def test_the_blocks_hold_each_code_where_the_avx2_products_read_it() -> None:
-    """kernels.c's blocks (AVX2): byte ``4 r + t`` of a group's step ``s`` is row ``r``'s code ``4 s + t``
-    (8-bit) or holds codes ``8 s + t`` and ``8 s + 4 + t`` (4-bit, low and high nibble); scales ``[blocks,
-    groups, 8]``; the rows padded with zeros to a multiple of 8. Checked on any CPU: the products
-    above run on blocks only where the kernels are built for AVX2."""
-    rows, groups = 11, 3
+@pytest.mark.parametrize("block", [8, 16])
+def test_the_blocks_hold_each_code_where_the_products_read_it(block: int) -> None:
+    """kernels.c's blocks (8 rows on AVX2, 16 on AVX512-VNNI): byte ``4 r + t`` of a group's step ``s``
+    is row ``r``'s code ``4 s + t`` (8-bit) or holds codes ``8 s + t`` and ``8 s + 4 + t`` (4-bit, low
+    and high nibble); scales ``[blocks, groups, block]``; the rows padded with zeros to a multiple of
+    the block. Checked for both sizes on any CPU: the products above read one of them, or none."""
+    rows, groups = 19, 3
+    blocks, step = -(-rows // block), 4 * block
     codes = torch.arange(rows * groups * 32).view(rows, groups, 32) % 251 - 125
-    eight = in_blocks(codes.to(torch.int8), 8, 4).flatten(1)
-    assert eight.shape == (2, groups * 8 * 32)
-    for r, g, c in [(0, 0, 0), (3, 1, 17), (10, 2, 31), (7, 2, 5)]:
-        block, row = divmod(r, 8)
-        assert eight[block, (g * 8 + c // 4) * 32 + 4 * row + c % 4] == codes[r, g, c]
-    assert not eight[1].view(groups, 8, 8, 4)[:, :, 3:].any()  # rows 11-15: padding
+    eight = in_blocks(codes.to(torch.int8), block, 4).flatten(1)
+    assert eight.shape == (blocks, groups * 8 * step)
+    for r, g, c in [(0, 0, 0), (3, 1, 17), (10, 2, 31), (7, 2, 5), (18, 1, 9)]:
+        b, row = divmod(r, block)
+        assert eight[b, (g * 8 + c // 4) * step + 4 * row + c % 4] == codes[r, g, c]
+    assert not eight[-1].view(groups, 8, block, 4)[:, :, rows % block:].any()  # padding
     nibbles = torch.randint(0, 16, (rows, groups, 32), generator=torch.Generator().manual_seed(3))
     scale, low = torch.rand(rows, groups), -torch.rand(rows, groups)
-    four, scales, lows = Groups4(nibbles.float(), scale, low).for_kernels_c(8)
-    assert four.shape == (2, groups * 4 * 32) and four.dtype == torch.uint8
-    for r, g, c in [(0, 0, 0), (3, 1, 17), (10, 2, 31), (9, 0, 12)]:
-        block, row = divmod(r, 8)
-        byte = int(four[block, (g * 4 + c // 8) * 32 + 4 * row + c % 4])
+    four, scales, lows = Groups4(nibbles.float(), scale, low).for_kernels_c(block)
+    assert four.shape == (blocks, groups * 4 * step) and four.dtype == torch.uint8
+    for r, g, c in [(0, 0, 0), (3, 1, 17), (10, 2, 31), (9, 0, 12), (18, 2, 30)]:
+        b, row = divmod(r, block)
+        byte = int(four[b, (g * 4 + c // 8) * step + 4 * row + c % 4])
         assert (byte >> 4 if c % 8 >= 4 else byte & 0x0F) == nibbles[r, g, c]
-    assert torch.equal(scales[1, 2, :3], scale[8:, 2]) and not scales[1, :, 3:].any()
-    assert torch.equal(lows, scales_in_blocks(low, 8)) and lows.shape == (2, groups, 8)
+    first = (blocks - 1) * block
+    assert torch.equal(scales[-1, 2, :rows - first], scale[first:, 2]) and not scales[-1, :, rows - first:].any()
+    assert torch.equal(lows, scales_in_blocks(low, block)) and lows.shape == (blocks, groups, block)
+
+
+def _cpu_has(flag: str) -> bool:
+    return flag in Path("/proc/cpuinfo").read_text().split() if Path("/proc/cpuinfo").exists() else False
+
+
+@pytest.mark.skipif(not _cpu_has("avx2") or not _cpu_has("fma"), reason="builds for an x86-64 CPU with AVX2")
+@pytest.mark.parametrize(("march", "block"), [("haswell", 8), ("x86-64", 0)])
+def test_the_products_built_for_other_cpus_give_this_hosts_results(built: kernels.Kernels, tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch, march: str,
+                                                                   block: int) -> None:
+    """Each CPU class's products (AVX512-VNNI's blocks of 16, AVX2's of 8, plain C's rows), whichever
+    this host builds natively: built again here for an older CPU through a compiler that takes
+    ``-march={march}`` for ``-march=native``, they agree with this host's (which agree with the
+    reference above) on the shapes that exercise partial blocks, row counts and odd groups."""
+    compiler = tmp_path / "cc"
+    compiler.write_text(f'#!/bin/sh\nfor a; do shift; [ "$a" = -march=native ] && a=-march={march}; '
+                        'set -- "$@" "$a"; done\nexec cc "$@"\n')
+    compiler.chmod(0o755)
+    monkeypatch.setenv("CC", str(compiler))
+    other = kernels.load(tmp_path / "kernels")
+    assert other is not None and other.product_block == block and other.int8_vectorised == bool(block)
+    generator = torch.Generator().manual_seed(5)
+    for rows, n, k in [(1, 37, 576), (5, 19, 96), (4, 8, 288)]:
+        weight = torch.randn(n, k, generator=generator) * 0.05
+        x = torch.randn(rows, k, generator=generator)
+        codes, scales = int8_codes(weight)
+        for theirs, ours in [(other.int8_weights(codes, scales), built.int8_weights(codes, scales)),
+                             (other.int4_weights(weight), built.int4_weights(weight))]:
+            torch.testing.assert_close(theirs(x), ours(x), rtol=1e-5, atol=1e-5)
 
 
 def test_they_are_built_once_per_host_and_kept(tmp_path: Path) -> None:

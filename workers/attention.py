@@ -77,8 +77,18 @@ class StepRows:
         if self.slots.shape != (self.count,) or self.limits.shape != (self.count,):
             raise ValueError(f"attend does not take slots {self.slots.shape} with limits {self.limits.shape}")
         self._slot_range = (int(self.slots.min()), int(self.slots.max())) if self.count else (0, -1)
-        self._pointers = (self.slots.ctypes.data, self.limits.ctypes.data)  # the arrays are kept alive above
+        self.pointers = (self.slots.ctypes.data, self.limits.ctypes.data)  # the arrays are kept alive above
         self._checked: tuple[Any, ...] | None = None  # the shapes and dtype ``takes`` last took
+
+    @property
+    def scratch(self) -> Tensor:
+        """The kernel's float32 scores, ``group * positions`` of them (one call at a time)."""
+        return self._attention._scores
+
+    def within(self, slots: int) -> bool:
+        """Whether every row's slot is one of ``slots``."""
+        low, high = self._slot_range
+        return low >= 0 and high < slots
 
     def takes(self, q: Tensor, keys: Tensor) -> bool:
         """Whether these rows' queries and this layer's keys go through the kernel (``supports``), checked
@@ -86,8 +96,7 @@ class StepRows:
         shape = (q.shape, q.stride(), q.dtype, keys.shape, keys.dtype)
         if shape == self._checked:
             return True
-        low, high = self._slot_range
-        if not self._attention.supports(q, keys) or q.shape[0] != self.count or low < 0 or high >= keys.shape[0]:
+        if not self._attention.supports(q, keys) or q.shape[0] != self.count or not self.within(keys.shape[0]):
             return False
         self._checked = shape
         return True
@@ -104,7 +113,7 @@ class StepRows:
         out = torch.empty((rows, heads * head_dim), dtype=q.dtype)
         ahead = (None, None) if following is None else (following[0].data_ptr(), following[1].data_ptr())
         status = attention._functions[q.dtype](
-            q.data_ptr(), q.stride(0), keys.data_ptr(), values.data_ptr(), *self._pointers, rows, keys.shape[1],
+            q.data_ptr(), q.stride(0), keys.data_ptr(), values.data_ptr(), *self.pointers, rows, keys.shape[1],
             attention.group, head_dim, keys.shape[2],
             head_dim ** -0.5, attention._scores.data_ptr(), out.data_ptr(), *ahead)
         if status == -2:

@@ -14,7 +14,8 @@ position is fed back), and whose output is dropped (through ``kernels.c`` it att
 
 On a CPU, a step's attention, its RMS norms, the rotation of queries and keys with the cache writes
 and its decoding products run through ``workers/kernels.c`` where it was built for the host
-(``use_kernels``: ``workers.kernels``, ``workers.attention``).
+(``use_kernels``: ``workers.kernels``, ``workers.attention``); where all of a layer does, the
+step's layers run in one call (``workers.layerstep``).
 
 With ``compile`` the decoding-only step is compiled (``torch.compile``: C++ kernels on a CPU,
 Triton kernels on a GPU, replayed there from CUDA graphs of batch-size buckets: ``cudagraphs``);
@@ -36,6 +37,7 @@ from workers.attention import DecodeAttention, StepRows, decode_attention
 from workers.cudagraphs import StepGraphs
 from workers.kvslots import KvSlots, StepPlan
 from workers.layers import Layer, NativeNorm, norm, rope_tables
+from workers.layerstep import LayerStep
 from workers.weights import GROUP, Groups4, Groups8, Linear, NativeProduct, frozen
 
 logger = logging.getLogger(__name__)
@@ -116,6 +118,8 @@ class Decoder(nn.Module):
         self._output_codes: tuple[Tensor, Tensor] | None = None  # the output layer's 8-bit codes and scales
         self._output_int8: kernels.GroupedWeights | None = None  # the same for kernels.c (``_int8_logits``)
         self._output_packed = False  # the output layer on 4-bit or 8-bit groups (``_pack_output``)
+        self._layer_step: LayerStep | None = None  # the layers in one kernels.c call (``_one_call``)
+        self._layer_step_known = False
         self.graphs = compile and device.type == "cuda"
         self._decode = self.logits
         self._graphs: StepGraphs | None = None
@@ -144,7 +148,7 @@ class Decoder(nn.Module):
         for layer in self.typed_layers:
             layer.native_norm = self._native_norm
             layer.native_activation = None if built is None else built.silu_mul
-        self._rope_store = None
+        self._rope_store, self._layer_step_known = None, False
         if built is not None and self._rope_f32 is not None and head_dim % 2 == 0 \
                 and all(layer.q_norm is None for layer in self.typed_layers):
             self._rope_store = functools.partial(built.rope_store, heads=self.shape[0], tables=self._rope_f32)
@@ -186,6 +190,7 @@ class Decoder(nn.Module):
             packs.append((linear, groups.for_torch() if native is None else native.int4_weights(source, groups)))
         for linear, packed in packs:
             linear.pack_int4(packed, rows, merge_rows)
+        self._layer_step_known = False
         return True
 
     def _pack_output(self, source: Tensor, rows: int, lossless_only: bool, native: bool) -> None:
@@ -392,6 +397,11 @@ class Decoder(nn.Module):
         the cache (``_rope_store``)."""
         x = functional.embedding(tokens, self.embed).float()
         bound = None if kernel is None or self.attention is None else self.attention.rows(*kernel)
+        layer_step = self._one_call()
+        if stored is not None and layer_step is not None and layer_step.takes(x.shape[0], bound) \
+                and not torch.compiler.is_compiling():
+            assert bound is not None
+            return layer_step(x, stored, bound)
         store = None
         if stored is not None and self._rope_store is not None and not torch.compiler.is_compiling():
             store = functools.partial(self._rope_store, rows=stored)
@@ -408,6 +418,12 @@ class Decoder(nn.Module):
             following = self.cache.layer(i + 1) if i + 1 < len(self.typed_layers) else None
             x = layer.finish(x, self._attend(q, keys, values, decoding, segments, bound, following), decoding[0])
         return x
+
+    def _one_call(self) -> LayerStep | None:
+        """The layers in one ``kernels.c`` call (``workers.layerstep``), where they all run there."""
+        if not self._layer_step_known:
+            self._layer_step, self._layer_step_known = LayerStep.of(self), True
+        return self._layer_step
 
     def _attend(self, q: Tensor, keys: Tensor, values: Tensor, decoding: Decoding,
                 segments: tuple[tuple[int, int, int], ...], kernel: StepRows | None,

@@ -9,7 +9,8 @@ float). Both products quantise their inputs to 8 bits per 32, as llama.cpp does,
 codes as integers (AVX512-VNNI, else AVX2's byte products). Three more cost far more through torch
 than their arithmetic: the RMS norm of the float32 residual (``Kernels.rms_norm``), the rotation of
 queries and keys with the cache writes (``Kernels.rope_store``) and the MLP's activation
-(``Kernels.silu_mul``). All are single-threaded C.
+(``Kernels.silu_mul``). All are single-threaded C. Where all of a layer runs through them, a step's
+layers run in one call (``layers_*``: ``workers.layerstep``).
 
 They are compiled with the system C compiler (``$CC``, else ``cc``) for this CPU (``-march=native``;
 ``-ffast-math`` for glibc's vectorised ``expf``), once per source, build recipe, compiler and CPU, into
@@ -62,6 +63,9 @@ _SIGNATURES: dict[str, list[type]] = {
     "rope_store_bf16": [_P, _I, _I, _I, _I, _P, _P, _P, _P, _I, _I, _P, _P, _P],
     "rope_store_f16": [_P, _I, _I, _I, _I, _P, _P, _P, _P, _I, _I, _P, _P, _P],
     "rope_store_f32": [_P, _I, _I, _I, _I, _P, _P, _P, _P, _I, _I, _P, _P, _P],
+    "layers_bf16": [_P, _I, _P, _I, _P, ctypes.c_float, ctypes.c_float, _P, _P, _P, _P, _P, _P, _P],
+    "layers_f16": [_P, _I, _P, _I, _P, ctypes.c_float, ctypes.c_float, _P, _P, _P, _P, _P, _P, _P],
+    "layers_f32": [_P, _I, _P, _I, _P, ctypes.c_float, ctypes.c_float, _P, _P, _P, _P, _P, _P, _P],
 }
 _ROPE_STORE = {torch.bfloat16: "rope_store_bf16", torch.float16: "rope_store_f16", torch.float32: "rope_store_f32"}
 
@@ -161,7 +165,7 @@ class Kernels:
         if self.product_block:  # [blocks, groups, step, row, 4]
             codes = weights.in_blocks(codes.view(n, k // GROUP, GROUP), self.product_block, 4).flatten(1)
             scales = weights.scales_in_blocks(scales, self.product_block)
-        return GroupedWeights(self.functions["int8_matmul"], n, k, (codes, scales))
+        return GroupedWeights(self.functions["int8_matmul"], n, k, (codes, scales), bits=8)
 
     def int4_weights(self, weight: Tensor, groups: weights.Groups4 | None = None) -> "GroupedWeights":
         """``weight`` (float32 ``[n, k]``; ``groups``: already quantised) in 4-bit groups
@@ -170,7 +174,7 @@ class Kernels:
         if k % GROUP:
             raise ValueError(f"4-bit groups of {tuple(weight.shape)}: not a multiple of {GROUP} inputs")
         laid_out = (groups or weights.Groups4.of(weight)).for_kernels_c(self.product_block)
-        return GroupedWeights(self.functions["int4_matmul"], n, k, laid_out)
+        return GroupedWeights(self.functions["int4_matmul"], n, k, laid_out, bits=4)
 
 
 class GroupedWeights:
@@ -178,10 +182,10 @@ class GroupedWeights:
     float32, ``x`` quantised to 8 bits per 32 inputs first (checked once here, so that a call costs
     little: a step makes 120)."""
 
-    def __init__(self, function: Any, n: int, k: int, tensors: tuple[Tensor, ...]) -> None:
-        self._function, self.n, self.k = function, n, k
+    def __init__(self, function: Any, n: int, k: int, tensors: tuple[Tensor, ...], bits: int) -> None:
+        self._function, self.n, self.k, self.bits = function, n, k, bits
         self._tensors = tuple(t.contiguous() for t in tensors)  # kept: the pointers point into them
-        self._pointers = [t.data_ptr() for t in self._tensors]
+        self.pointers = tuple(t.data_ptr() for t in self._tensors)  # codes, scales (and minimums: 4 bits)
 
     def __call__(self, x: Tensor) -> Tensor:
         if x.dtype != torch.float32 or not x.is_contiguous():
@@ -190,7 +194,7 @@ class GroupedWeights:
         if k != self.k:
             raise ValueError(f"inputs of {k} for weights of {self.k}")
         out = torch.empty((rows, self.n))
-        if self._function(x.data_ptr(), rows, k, *self._pointers, self.n, out.data_ptr()) != 0:
+        if self._function(x.data_ptr(), rows, k, *self.pointers, self.n, out.data_ptr()) != 0:
             raise MemoryError("kernels.c: no memory for the quantised inputs")
         return out
 

@@ -19,7 +19,7 @@ from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig, MistralC
 from lmsp_core.requests.catalog import TINY_RANDOM
 from lmsp_core.settings import load_settings
 from tests.e2e.test_engine import Collector
-from workers import chunkprice, kernels, loader, precision, scheduler, weights
+from workers import chunkprice, kernels, layerstep, loader, precision, scheduler, weights
 from workers.decoder import REFINED, Decoder, unsupported_reason
 from workers.engine import Engine, Finish, Generation, cache_dtype
 from workers.hfslots import HfSlots
@@ -567,6 +567,60 @@ def test_on_one_thread_the_4_bit_layers_run_through_kernels_c() -> None:
     assert not torch.equal(got, baseline)  # the products did run through kernels.c
     error = float((got - expected).norm() / expected.norm())
     assert 0 < error <= 2 * float((baseline - expected).norm() / expected.norm())
+
+
+def run_plans(decoder: Decoder, prompt: list[int]) -> list[torch.Tensor]:
+    """The logits of a run of steps: a prompt in chunks, decoding beside another prompt's chunks (a
+    dummy row 0 among them), a chunk too many rows for the 4-bit products (8), then decoding alone."""
+    with torch.inference_mode():
+        plans = [StepPlan(chunks=[Chunk(1, 0, prompt[:5], False)]),
+                 StepPlan(chunks=[Chunk(1, 5, prompt[5:10], True)]),
+                 StepPlan(feeds=[Feed(1, 7, 10)], chunks=[Chunk(2, 0, prompt[:4], False)]),
+                 StepPlan(feeds=[Feed(1, 8, 11)], chunks=[Chunk(2, 4, prompt[4:16], True)]),
+                 StepPlan(feeds=[Feed(1, 9, 12), Feed(2, 3, 16)])]
+        plans += [StepPlan(feeds=[Feed(1, 10 + i, 13 + i), Feed(2, 4 + i, 17 + i)]) for i in range(6)]
+        return [decoder.run(plan) for plan in plans]
+
+
+@pytest.mark.parametrize(("dtype", "cache"), [(torch.float32, torch.float32), (torch.float32, torch.float16),
+                                              (torch.float32, torch.bfloat16), (torch.bfloat16, torch.bfloat16)])
+def test_a_steps_layers_run_in_one_kernels_c_call_as_in_the_python_loop(dtype: torch.dtype, cache: torch.dtype,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where every part of the layers runs through kernels.c (4-bit products for all of a step's rows),
+    they run in one call (``workers.layerstep``): every step's logits are the Python loop's bit for
+    bit, prompt chunks and decoding rows alike; a step of more rows takes the loop."""
+    built = vectorised_kernels(shared_kernel_dir())
+    model, exact = q4_layers_model()
+    model = model.to(dtype)
+    prompt = list(range(10, 30))
+    calls: list[int] = []
+    one_call = layerstep.LayerStep.__call__
+
+    def counted(self: layerstep.LayerStep, x: torch.Tensor, *args: Any) -> torch.Tensor:
+        calls.append(x.shape[0])
+        return one_call(self, x, *args)
+
+    monkeypatch.setattr(layerstep.LayerStep, "__call__", counted)
+    with one_thread():
+        decoders = []
+        for _ in range(2):
+            decoder = Decoder(model, slots=3, positions=256, cache_dtype=cache)
+            decoder.use_kernels(built)  # before packing: it packs the kernels' copy
+            assert decoder.pack_int4(exact, rows=8, lossless_only=True)
+            decoders.append(decoder)
+        one, loop = decoders
+        assert one._one_call() is not None
+        loop._layer_step, loop._layer_step_known = None, True
+        expected = run_plans(loop, prompt)
+        assert not calls
+        got = run_plans(one, prompt)
+    assert calls == [5, 5, 6, 3, 3, 3, 3, 3, 3, 3]  # all but the 14-row step
+    for step, (a, b) in enumerate(zip(got, expected, strict=True)):
+        assert torch.equal(a, b), f"step {step}"
+    with one_thread():
+        torch_but_the_products(one)
+        one._layer_step_known = False  # as use_kernels and pack_int4 leave it
+        assert one._one_call() is None
 
 
 def test_the_cpu_precision_is_measured_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -38,13 +38,13 @@ from workers.cudagraphs import StepGraphs
 from workers.kvslots import KvSlots, StepPlan
 from workers.layers import Layer, NativeNorm, norm, rope_tables
 from workers.layerstep import LayerStep
-from workers.weights import GROUP, Groups4, Groups8, Linear, NativeProduct, frozen
+from workers.outputlayer import OutputLayer
+from workers.weights import GROUP, Groups4, Linear, NativeProduct, frozen
 
 logger = logging.getLogger(__name__)
 
 ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
 PREFILL_ROWS = 32  # the product size prepacked layers are laid out for
-REFINED = 16  # logits of each row computed again on the dense weights where the output layer is packed
 ATTENTION_BLOCK = 256  # with CUDA graphs, attention lengths are rounded up to this (fewer graphs)
 # a step's decoding rows: how many, how many columns of their slots they attend to, and which (None: all)
 Decoding = tuple[int, int, Tensor | None]
@@ -96,9 +96,7 @@ class Decoder(nn.Module):
         self.typed_layers: list[Layer] = list(self.layers)  # type: ignore[arg-type]
         self.norm = frozen(base.norm.weight.float())
         self.lm_head = Linear(model.lm_head.weight)
-        # the output layer's exact weights where its dense copy is rounded (a bfloat16 model): its
-        # 8-bit codes and their scales, or its float32 weights (``_exact_rows``)
-        self._exact_output: tuple[Tensor, Tensor | None] | None = None
+        self.output = OutputLayer(self.lm_head)  # its logits on packed weights, refined
         dtype, device = self.embed.dtype, self.embed.device
         self.device = device
         self.cache = KvSlots(len(self.layers), slots, kv_heads, positions, head_dim, cache_dtype or dtype, device)
@@ -115,9 +113,6 @@ class Decoder(nn.Module):
         self._native_norm: NativeNorm | None = None  # kernels.c's RMS norm (``use_kernels``)
         # kernels.c's rotation of queries and keys with the cache writes, bound to this model (``use_kernels``)
         self._rope_store: Callable[..., Tensor] | None = None
-        self._output_codes: tuple[Tensor, Tensor] | None = None  # the output layer's 8-bit codes and scales
-        self._output_int8: kernels.GroupedWeights | None = None  # the same for kernels.c (``_int8_logits``)
-        self._output_packed = False  # the output layer on 4-bit or 8-bit groups (``_pack_output``)
         self._layer_step: LayerStep | None = None  # the layers in one kernels.c call (``_one_call``)
         self._layer_step_known = False
         self.graphs = compile and device.type == "cuda"
@@ -137,12 +132,12 @@ class Decoder(nn.Module):
         """Run a step's attention (``workers.attention``), its RMS norms of float32 rows
         (``layers.norm``), the MLP's activation of float32 products (``Layer._activated``), the rotation
         of queries and keys with the cache writes (``Kernels.rope_store``; not for models that norm
-        queries and keys before turning them), the output layer's 8-bit product (``_int8_logits``) and,
+        queries and keys before turning them), the output layer's 8-bit product (``OutputLayer``) and,
         where ``pack_int4`` packs after this, the layers' 4-bit products (``weights.Linear.pack_int4``)
         through ``built`` where they apply; eager steps only (a compiled step keeps torch's). None:
         torch alone."""
         _, _, head_dim = self.shape
-        self._kernels = built
+        self._kernels = self.output.kernels = built
         self.attention = decode_attention(built, self.group, head_dim, self.cache.positions)
         self._native_norm = None if built is None else built.rms_norm
         for layer in self.typed_layers:
@@ -166,7 +161,7 @@ class Decoder(nn.Module):
         ``exact`` (the model's float32 weights by name); with ``lossless_only``, only if every weight
         already is on a 4-bit grid per group (a model from a Q4 GGUF); a dense product of prompt rows
         takes up to ``merge_rows`` decoding rows along (``weights.Linear``). The output layer is packed
-        on its own (``_pack_output``). Returns whether the layers were packed."""
+        on its own (``OutputLayer.pack``). Returns whether the layers were packed."""
         sources = []
         for i, layer in enumerate(self.typed_layers):
             attn, mlp = f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
@@ -177,8 +172,8 @@ class Decoder(nn.Module):
                 (layer.down, exact[f"{mlp}down_proj.weight"]),
             ]
         native = self._kernels if self._kernels is not None and self._kernels.products_run_here() else None
-        self._pack_output(exact.get("lm_head.weight", exact["model.embed_tokens.weight"]), rows, lossless_only,
-                          native is not None)
+        self.output.pack(exact.get("lm_head.weight", exact["model.embed_tokens.weight"]), rows, lossless_only,
+                         native is not None)
         if any(source.shape[1] % GROUP for _, source in sources):
             return False
         packs: list[tuple[Linear, NativeProduct | tuple[Tensor, Tensor]]] = []
@@ -192,30 +187,6 @@ class Decoder(nn.Module):
             linear.pack_int4(packed, rows, merge_rows)
         self._layer_step_known = False
         return True
-
-    def _pack_output(self, source: Tensor, rows: int, lossless_only: bool, native: bool) -> None:
-        """The output layer on 4-bit or 8-bit groups, whichever holds its weights exactly (GGUF models
-        mostly keep it in Q8_0); without ``lossless_only``, on 8-bit groups. An 8-bit product costs
-        two 4-bit ones, so it pays up to half as many rows. With ``native``, 8-bit groups are kept as
-        codes for ``kernels.c`` alone (``_int8_logits``), not packed for torch's kernel too."""
-        if source.shape[1] % GROUP:
-            return
-        # where the dense copy is rounded (a bfloat16 model), the refinement reads the exact weights:
-        # the 8-bit codes where they hold them, else the float32 weights themselves
-        exact: tuple[Tensor, Tensor | None] = (source, None)
-        four = Groups4.of(source)
-        if four.exact(source):
-            self.lm_head.pack_int4(four.for_torch(), rows)
-        else:
-            on_grid = (eight := Groups8.of(source)).exact(source)
-            if lossless_only and not on_grid:
-                return
-            self.lm_head.pack_int8(max(1, rows // 2), None if native else eight)
-            self._output_codes = eight.codes()
-            exact = self._output_codes if on_grid else exact
-        self._output_packed = True
-        if self.lm_head.weight.dtype != torch.float32:
-            self._exact_output = exact
 
     @property
     def vocab(self) -> int:
@@ -257,66 +228,12 @@ class Decoder(nn.Module):
         kernel = self._kernel_rows(plan, rows)
         hidden = self.forward(tokens_, positions_, slots_, (rows, length, mask), segments, kernel,
                               (positions, slots) if self._rope_store is not None else None)
-        return self._output(norm(hidden[wanted], self.norm, self.eps, self._native_norm), decoding=len(plan.feeds))
+        return self.output(norm(hidden[wanted], self.norm, self.eps, self._native_norm), decoding=len(plan.feeds))
 
     def logits(self, tokens: Tensor, positions: Tensor, slots: Tensor, mask: Tensor) -> Tensor:
         """A decoding-only step's logits of every row (the step that is compiled)."""
         hidden = self.forward(tokens, positions, slots, (mask.shape[0], mask.shape[-1], mask), ())
-        return self._output(norm(hidden, self.norm, self.eps, self._native_norm), decoding=0)
-
-    def _output(self, hidden: Tensor, decoding: int) -> Tensor:
-        """Logits of the normed hidden states (``decoding``: how many of the first rows are decoding
-        rows). On packed output weights (``_pack_output``) the products are rounded to bfloat16, which
-        put SmolLM2's greedy text off the float32 model's within a few tokens where two candidates are
-        close; so the ``REFINED`` highest logits of each row are computed again on the dense weights:
-        the greedy choice is the dense model's unless more than that many tokens are within the
-        rounding (about 2**-8 of the logits) of the best."""
-        if not hidden.shape[0]:  # a step of prompt chunks none of which ends its prompt
-            return hidden.new_empty((0, self.vocab), dtype=torch.float32)
-        logits = self._int8_logits(hidden)
-        if logits is None:
-            product: Tensor = self.lm_head(hidden, decoding)
-            if not self._output_packed:
-                return product
-            logits = product.float()
-        top = self._highest(logits)
-        exact = torch.matmul(self._exact_rows(top), hidden.float()[:, :, None])
-        return logits.scatter_(-1, top, exact[..., 0])
-
-    def _highest(self, logits: Tensor) -> Tensor:
-        """Where the ``REFINED`` highest logits of each row are: through ``kernels.c`` on a CPU (torch's
-        ``topk`` took 65-80 us a row of SmolLM2's 49,152 on one thread, the kernel 7-10), else torch's."""
-        built = self._kernels
-        if built is not None and logits.device.type == "cpu" and logits.dtype == torch.float32 \
-                and logits.dim() == 2 and logits.is_contiguous() and logits.shape[1] >= REFINED \
-                and not torch.compiler.is_compiling():
-            return built.top_k(logits, REFINED)
-        return logits.topk(REFINED, dim=-1, sorted=False).indices
-
-    def _int8_logits(self, hidden: Tensor) -> Tensor | None:
-        """The output layer's logits from its 8-bit codes through ``kernels.c`` (inputs quantised to 8 bits
-        per 32: about as close as the 4-bit kernel's bfloat16 inputs, refined the same way), where it beats
-        the 4-bit kernel run twice (AVX2 or AVX512-VNNI, one thread, as few rows as that takes); else None."""
-        built, codes = self._kernels, self._output_codes
-        if built is None or (codes is None and self._output_int8 is None) or not built.products_run_here() \
-                or torch.compiler.is_compiling() or hidden.shape[0] > self.lm_head.int4_rows:
-            return None
-        if codes is not None:  # kernels.c keeps a copy of its own (in blocks on AVX2): this one goes
-            self._output_int8, self._output_codes = built.int8_weights(*codes), None
-        assert self._output_int8 is not None
-        return self._output_int8(hidden)
-
-    def _exact_rows(self, top: Tensor) -> Tensor:
-        """The output layer's weights of the rows ``top`` in float32, exactly as the model holds them
-        (a bfloat16 copy would round the refined logits again)."""
-        if self._exact_output is None:
-            return self.lm_head.weight[top].float()
-        weights, scales = self._exact_output
-        if scales is None:
-            return weights[top]
-        codes = weights[top].view(*top.shape, -1, GROUP).float()
-        rows: Tensor = (codes * scales[top][..., None]).flatten(-2)
-        return rows
+        return self.output(norm(hidden, self.norm, self.eps, self._native_norm), decoding=0)
 
     def _inputs(self, plan: StepPlan, rows: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Token, position and slot of each of the step's rows: the decoding rows (dummies at the

@@ -96,7 +96,7 @@ class Linear(nn.Module):
 
     def pack_int8(self, rows: int, groups: "Groups8 | None") -> None:
         """This layer's 8-bit ``groups`` (None where ``kernels.c`` multiplies their codes, not this
-        layer: ``Decoder._int8_logits``) for products of at most ``rows`` rows."""
+        layer: ``OutputLayer._int8_logits``) for products of at most ``rows`` rows."""
         if groups is not None:
             self.int4, scales_zeros = groups.for_torch()
             self.scales_zeros = scales_zeros.to(torch.bfloat16)

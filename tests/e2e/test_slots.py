@@ -20,10 +20,11 @@ from lmsp_core.requests.catalog import TINY_RANDOM
 from lmsp_core.settings import load_settings
 from tests.e2e.test_engine import Collector
 from workers import chunkprice, kernels, layerstep, loader, precision, scheduler, weights
-from workers.decoder import REFINED, Decoder, unsupported_reason
+from workers.decoder import Decoder, unsupported_reason
 from workers.engine import Engine, Finish, Generation, cache_dtype
 from workers.hfslots import HfSlots
 from workers.kvslots import Chunk, Feed, StepPlan
+from workers.outputlayer import REFINED
 from workers.sampling import RowSampler, SamplingParams
 from workers.weights import int4_product, int8_groups, on_int4_grid, on_int8_grid
 
@@ -450,7 +451,7 @@ def test_an_output_layer_in_8_bits_runs_on_8_bit_groups() -> None:
     refined_bf16 = Decoder(copy.deepcopy(model).to(torch.bfloat16), slots=2, positions=256)
     refined_bf16.pack_int4(exact, rows=4, lossless_only=True)
     rows = torch.tensor([[0, 5, 9], [7, 300, 511]])
-    assert torch.equal(refined_bf16._exact_rows(rows), exact["lm_head.weight"][rows])
+    assert torch.equal(refined_bf16.output.exact_rows(rows), exact["lm_head.weight"][rows])
     assert not torch.equal(refined_bf16.lm_head.weight[rows].float(), exact["lm_head.weight"][rows])
     assert forced_logits(refined_bf16, prompt, tokens).dtype == torch.float32
     # a step of a prompt's first chunk alone (a long prompt while nobody decodes) wants no logits

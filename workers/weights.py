@@ -198,8 +198,8 @@ class Groups4:
         """Laid out for ``kernels.c``'s ``int4_product``: a row at a time (``block`` 0: codes packed two
         groups to 32 bytes, byte ``j``: code ``j`` of the first group, low nibble, and of the second; a
         last odd group in 16 bytes, byte ``j``: codes ``j`` and ``j + 16``; scales and minimums ``[rows,
-        groups]``), or in blocks of ``block`` rows (8: ``kernels.c``, "The blocks"; the rows padded with
-        zeros to a multiple of 8, scales and minimums ``[blocks, groups, 8]``)."""
+        groups]``), or in blocks of ``block`` rows (8 or 16: ``kernels.c``, "The blocks"; the rows padded
+        with zeros to a multiple of ``block``, scales and minimums ``[blocks, groups, block]``)."""
         if block:
             return self._blocks(block)
         rows, groups, _ = self.codes.shape

@@ -610,18 +610,21 @@ def test_a_steps_layers_run_in_one_kernels_c_call_as_in_the_python_loop(dtype: t
             assert decoder.pack_int4(exact, rows=8, lossless_only=True)
             decoders.append(decoder)
         one, loop = decoders
-        assert one._one_call() is not None
-        loop._layer_step, loop._layer_step_known = None, True
-        expected = run_plans(loop, prompt)
+        assert layerstep.LayerStep.of(one) is not None
+        with monkeypatch.context() as python_loop:  # the loop decoder finds no one call at its first step
+            python_loop.setattr(layerstep.LayerStep, "of", classmethod(lambda cls, decoder: None))
+            expected = run_plans(loop, prompt)
         assert not calls
         got = run_plans(one, prompt)
-    assert calls == [5, 5, 6, 3, 3, 3, 3, 3, 3, 3]  # all but the 14-row step
-    for step, (a, b) in enumerate(zip(got, expected, strict=True)):
-        assert torch.equal(a, b), f"step {step}"
-    with one_thread():
-        torch_but_the_products(one)
-        one._layer_step_known = False  # as use_kernels and pack_int4 leave it
-        assert one._one_call() is None
+        assert calls == [5, 5, 6, 3, 3, 3, 3, 3, 3, 3]  # all but the 14-row step
+        for step, (a, b) in enumerate(zip(got, expected, strict=True)):
+            assert torch.equal(a, b), f"step {step}"
+        for decoder in decoders:  # a position past the cache: refused alike, by the one call too
+            with pytest.raises(ValueError, match="outside"):
+                decoder.run(StepPlan(feeds=[Feed(1, 5, 256)]))
+        assert len(calls) == 11
+        torch_but_the_products(one)  # the attention, norms, rotation and activation back on torch
+        assert layerstep.LayerStep.of(one) is None
 
 
 def test_the_cpu_precision_is_measured_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -963,12 +963,147 @@ ALWAYS_INLINE void head8(const char *q, const char *k, const char *v, int64_t le
 #define BY128(SUFFIX) {head128_1_##SUFFIX, head128_2_##SUFFIX, head128_3_##SUFFIX, head128_4_##SUFFIX}
 #endif
 
+/* The decoding heads of a bfloat16 cache with AVX512-BF16. The per-row heads above spend most of a
+   long row's time on arithmetic: each score's products summed across a vector on its own, every key
+   and value converted to float32. Here pairs of bfloat16 elements are multiplied as they are
+   (vdpbf16ps: exact products, float32 sums): a key against a query, then 16 keys' partial sums added
+   in one tree (sums16); the values of two positions interleaved into pairs against their two
+   probabilities rounded to bfloat16, as the chunk blocks and torch's own CPU attention round them. A
+   SmolLM2 key head (3 queries) at 1,500 positions in the L2, on the AVX512-BF16 EPYC of family 25:
+   19.8 -> 9.8 us. Same arithmetic order for every call, whichever thread runs it. */
+#define NO_DP_HEAD(SUFFIX, KIND) /* dp_head_SUFFIX: none of this cache's dtype here */                     \
+    static head_fn_##KIND dp_head_##SUFFIX(int64_t group, int64_t d) {                                      \
+        (void)group;                                                                                       \
+        (void)d;                                                                                           \
+        return NULL;                                                                                       \
+    }
+#if defined(__AVX512BF16__) && defined(__AVX512BW__)
+#define DP_INLINE static inline __attribute__((always_inline))
+
+/* lane j = the sum of a[j]'s lanes */
+DP_INLINE __m512 sums16(const __m512 a[16]) {
+    __m512 b[8], c[4], e[2];
+    for (int i = 0; i < 8; i++) /* 128 bits each: [2i, 2i + 1, 2i, 2i + 1] */
+        b[i] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * i], a[2 * i + 1]), _mm512_unpackhi_ps(a[2 * i], a[2 * i + 1]));
+    for (int i = 0; i < 4; i++) /* 128 bits each: [4i .. 4i + 3] */
+        c[i] = _mm512_add_ps(_mm512_shuffle_ps(b[2 * i], b[2 * i + 1], 0x44),
+                             _mm512_shuffle_ps(b[2 * i], b[2 * i + 1], 0xEE));
+    for (int i = 0; i < 2; i++) /* 128 bits each: 8i .. 8i + 3 (two halves of it), then 8i + 4 .. 8i + 7 */
+        e[i] = _mm512_add_ps(_mm512_shuffle_f32x4(c[2 * i], c[2 * i + 1], 0x88),
+                             _mm512_shuffle_f32x4(c[2 * i], c[2 * i + 1], 0xDD));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(e[0], e[1], 0x88), _mm512_shuffle_f32x4(e[0], e[1], 0xDD));
+}
+
+/* A key's products with a query (D / 32 vectors of pairs), summed within a vector's lanes. */
+DP_INLINE __m512 dp_key(const uint16_t *k, const __m512bh *q, const int D) {
+    __m512 s = _mm512_setzero_ps();
+    for (int c = 0; c < D / 32; c++) s = _mm512_dpbf16_ps(s, (__m512bh)_mm512_loadu_si512(k + 32 * c), q[c]);
+    return s;
+}
+
+static inline __mmask16 first16(int64_t n) { return n >= 16 ? 0xFFFF : n <= 0 ? 0 : (__mmask16)((1u << n) - 1); }
+
+/* A row's scores s[0..length) as softmax probabilities in bfloat16, in place (the first half of its
+   bytes), with a zero after an odd length: pairs for the values' products. */
+DP_INLINE void probability_pairs(float *s, int64_t length) {
+    softmax(s, length);
+    uint16_t *p = (uint16_t *)s;
+    for (int64_t i = 0; i < length; i += 32) { /* floats i..i+31 are read before halves i..i+31 are written */
+        __m512 low = _mm512_maskz_loadu_ps(first16(length - i), s + i);
+        __m512 high = _mm512_maskz_loadu_ps(first16(length - i - 16), s + i + 16);
+        int64_t n = length - i + 1 < 32 ? length - i + 1 : 32;
+        __mmask32 mask = n == 32 ? ~(__mmask32)0 : ((__mmask32)1 << n) - 1;
+        _mm512_mask_storeu_epi16(p + i, mask, (__m512i)_mm512_cvtne2ps_pbh(high, low));
+    }
+}
+
+DP_INLINE void dp_head(const uint16_t *q, const uint16_t *k, const uint16_t *v, int64_t length, float scale,
+                       float *scores, int64_t stride, uint16_t *out, const int G, const int D) {
+    __m512bh qv[4][4];
+    for (int g = 0; g < G; g++)
+        for (int c = 0; c < D / 32; c++) qv[g][c] = (__m512bh)_mm512_loadu_si512(q + g * D + 32 * c);
+    const int64_t row_bytes = D * 2;
+    int early = values_early(2 * length * row_bytes);
+    int64_t t = 0;
+    for (; t + 16 <= length; t += 16) {
+        prefetch_row(k + (t + PREFETCH_AHEAD) * D, 16 * row_bytes);
+        if (early) prefetch_row(v + t * D, 16 * row_bytes);
+        for (int g = 0; g < G; g++) {
+            __m512 a[16];
+            for (int j = 0; j < 16; j++) a[j] = dp_key(k + (t + j) * D, qv[g], D);
+            _mm512_storeu_ps(scores + g * stride + t, _mm512_mul_ps(sums16(a), _mm512_set1_ps(scale)));
+        }
+    }
+    for (; t < length; t++)
+        for (int g = 0; g < G; g++)
+            scores[g * stride + t] = _mm512_reduce_add_ps(dp_key(k + t * D, qv[g], D)) * scale;
+    for (int g = 0; g < G; g++) probability_pairs(scores + g * stride, length);
+    /* of 32 elements, lo's pairs hold elements 0-3, 8-11, 16-19 and 24-27 of two positions; hi's the rest */
+    __m512 lo[4][4], hi[4][4];
+    for (int g = 0; g < G; g++)
+        for (int c = 0; c < D / 32; c++) lo[g][c] = hi[g][c] = _mm512_setzero_ps();
+    for (t = 0; t < length; t += 2) {
+        if (!early) prefetch_row(v + (t + PREFETCH_AHEAD) * D, 2 * row_bytes);
+        __m512bh p[4];
+        for (int g = 0; g < G; g++) {
+            int32_t pair;
+            memcpy(&pair, (const uint16_t *)(scores + g * stride) + t, sizeof pair);
+            p[g] = (__m512bh)_mm512_set1_epi32(pair);
+        }
+        for (int c = 0; c < D / 32; c++) {
+            __m512i a = _mm512_loadu_si512(v + t * D + 32 * c);
+            __m512i b = t + 1 < length ? _mm512_loadu_si512(v + (t + 1) * D + 32 * c) : _mm512_setzero_si512();
+            __m512bh l = (__m512bh)_mm512_unpacklo_epi16(a, b), h = (__m512bh)_mm512_unpackhi_epi16(a, b);
+            for (int g = 0; g < G; g++) {
+                lo[g][c] = _mm512_dpbf16_ps(lo[g][c], l, p[g]);
+                hi[g][c] = _mm512_dpbf16_ps(hi[g][c], h, p[g]);
+            }
+        }
+    }
+    const __m512i first = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
+    const __m512i second = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
+    for (int g = 0; g < G; g++)
+        for (int c = 0; c < D / 32; c++) {
+            uint16_t *o = out + g * D + 32 * c;
+            __m512 x = _mm512_permutex2var_ps(lo[g][c], first, hi[g][c]);
+            __m512 y = _mm512_permutex2var_ps(lo[g][c], second, hi[g][c]);
+            _mm256_storeu_si256((__m256i *)o, (__m256i)_mm512_cvtneps_pbh(x));
+            _mm256_storeu_si256((__m256i *)(o + 16), (__m256i)_mm512_cvtneps_pbh(y));
+        }
+}
+
+#define DEFINE_DP_HEAD(D, G)                                                                                \
+    static void dp_head_##D##_##G(const uint16_t *q, const uint16_t *k, const uint16_t *v, int64_t length,   \
+                                  int64_t group, int64_t d, float scale, float *scores, int64_t stride,     \
+                                  uint16_t *out) {                                                         \
+        (void)group;                                                                                       \
+        (void)d;                                                                                           \
+        dp_head(q, k, v, length, scale, scores, stride, out, G, D);                                        \
+    }
+DEFINE_DP_HEAD(64, 1) DEFINE_DP_HEAD(64, 2) DEFINE_DP_HEAD(64, 3) DEFINE_DP_HEAD(64, 4)
+DEFINE_DP_HEAD(128, 1) DEFINE_DP_HEAD(128, 2) DEFINE_DP_HEAD(128, 3) DEFINE_DP_HEAD(128, 4)
+
+/* A bfloat16 cache's head of this group and head size; NULL where the per-row heads take it. */
+static head_fn_u16 dp_head_bf16(int64_t group, int64_t d) {
+    static const head_fn_u16 by64[] = {dp_head_64_1, dp_head_64_2, dp_head_64_3, dp_head_64_4};
+    static const head_fn_u16 by128[] = {dp_head_128_1, dp_head_128_2, dp_head_128_3, dp_head_128_4};
+    if (group > 4) return NULL;
+    return d == 64 ? by64[group - 1] : d == 128 ? by128[group - 1] : NULL;
+}
+#else
+NO_DP_HEAD(bf16, u16)
+#endif
+NO_DP_HEAD(f16, u16)
+NO_DP_HEAD(f32, f32)
+
 #define DEFINE_ATTEND(SUFFIX, T, LOAD, STORE, ROW, KIND, KIND_ID)                                      \
     DEFINE_HEADS(SUFFIX, T, LOAD, STORE, ROW, 64)                                                    \
     DEFINE_HEADS(SUFFIX, T, LOAD, STORE, ROW, 128)                                                   \
     DEFINE_HEAD(head_any_##SUFFIX, T, LOAD, STORE, ROW, d, MAX_DIM, group, MAX_GROUP)                \
     DEFINE_HEADS8(SUFFIX, T, KIND_ID)                                                                \
     static head_fn_##KIND pick_##SUFFIX(int64_t group, int64_t d) {                                  \
+        head_fn_##KIND dp = dp_head_##SUFFIX(group, d);                                              \
+        if (dp != NULL) return dp;                                                                   \
         static const head_fn_##KIND by64[] = BY64(SUFFIX);                                           \
         static const head_fn_##KIND by128[] = BY128(SUFFIX);                                         \
         if (d == 64) return group <= 4 ? by64[group - 1] : head64_n_##SUFFIX;                        \

@@ -68,6 +68,28 @@ def test_the_kernel_attends_as_torch_does(built: kernels.Kernels, dtype: torch.d
 
 
 @pytest.mark.parametrize("dtype", CACHE_DTYPES)
+@pytest.mark.parametrize(("kv_heads", "group", "head_dim"), [(3, 3, 64), (1, 4, 128), (2, 1, 64)])
+def test_decoding_rows_of_every_length_around_the_tiles_attend_as_torch_does(
+        built: kernels.Kernels, dtype: torch.dtype, kv_heads: int, group: int, head_dim: int) -> None:
+    """Lengths below, at and past the 16 keys a bfloat16 head scores at once with AVX512-BF16
+    (kernels.c, "dp_head"), odd and even (its values pair two positions), the last row ending at its
+    slot's last position, in the cache's last slot (nothing after it to read)."""
+    lengths = [1, 2, 3, 15, 16, 17, 31, 32, 33, 48, 49]
+    positions = max(lengths)
+    kernel = attention.decode_attention(built, group, head_dim, positions)
+    assert kernel is not None
+    generator = torch.Generator().manual_seed(len(lengths) * head_dim + group)
+    keys, values = (torch.randn(len(lengths), kv_heads, positions, head_dim, generator=generator).to(dtype)
+                    for _ in range(2))
+    q = torch.randn(len(lengths), kv_heads * group, head_dim, generator=generator).to(dtype)
+    slots, limits = list(range(len(lengths))), [length - 1 for length in lengths]
+    got = kernel(q, keys, values, np.asarray(slots), np.asarray(limits))
+    tolerance = tolerance_of(dtype)
+    torch.testing.assert_close(got.double(), reference(q, keys, values, slots, limits), rtol=tolerance,
+                               atol=tolerance)
+
+
+@pytest.mark.parametrize("dtype", CACHE_DTYPES)
 @pytest.mark.parametrize(("kv_heads", "group", "head_dim"), [(3, 3, 64), (2, 4, 128), (1, 7, 64)])
 def test_prompt_chunks_attend_as_blocks_as_torch_does(built: kernels.Kernels, dtype: torch.dtype, kv_heads: int,
                                                       group: int, head_dim: int) -> None:

@@ -95,11 +95,16 @@ async def long_generation(spec: Any, cache: Path, prompt: list[int], tokens: int
     return 99 / (times[99] - times[0]), 99 / (times[-1] - times[-100])
 
 
-def paired_steps(spec: Any, cache: Path, short: int, long: int, pairs: int) -> tuple[float, float] | None:
+def paired_steps(spec: Any, cache: Path, short: int, long: int, steps: int,
+                 block: int = 50) -> tuple[float, float] | None:
     """Milliseconds of a one-row decoding step at position ``short`` and at ``long`` of one slot (its
-    keys and values written once, up to ``long``), the two alternating, medians of ``pairs`` each:
-    what the long generation's ratio measures, without the VM's drift over the seconds between a
-    generation's first and last tokens. None where the model does not run on the slot decoder."""
+    keys and values written once, up to ``long``), medians of ``steps`` each, run in blocks of
+    ``block`` steps at one position then the other: what the long generation's ratio measures,
+    without the VM's drift over the seconds between a generation's first and last tokens. Blocks,
+    not single steps: a step right after one at 1,500 positions runs slower than one after its like
+    (SmolLM2 on the Zen 4 EPYC, in the same run: single steps alternating read 0.83-0.85, blocks of 100
+    0.77-0.83, a generation's own measure 0.73-0.82; docs/performance.md). None where the model does
+    not run on the slot decoder."""
     loaded = loader.load(spec, cache)
     model = slot_model(loaded, compile=False)
     if not isinstance(model, Decoder) or long >= loaded.spec.context_window:
@@ -110,11 +115,12 @@ def paired_steps(spec: Any, cache: Path, short: int, long: int, pairs: int) -> t
         for start in range(0, long, 256):
             end = min(long, start + 256)
             model.run(StepPlan(chunks=[Chunk(0, start, tokens[start:end], end == long)]))
-        for _ in range(pairs):
+        while len(times[long]) < steps:
             for position in (short, long):
-                started = time.perf_counter()
-                model.run(StepPlan(feeds=[Feed(0, tokens[position], position)]))
-                times[position].append(time.perf_counter() - started)
+                for _ in range(min(block, steps - len(times[position]))):
+                    started = time.perf_counter()
+                    model.run(StepPlan(feeds=[Feed(0, tokens[position], position)]))
+                    times[position].append(time.perf_counter() - started)
     return statistics.median(times[short]) * 1000, statistics.median(times[long]) * 1000
 
 

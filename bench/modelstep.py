@@ -229,7 +229,7 @@ async def long_and_joining(args: argparse.Namespace, stack: Stack, local: Any, t
                                  args.long_pairs)
     if paired is not None:
         short_ms, long_ms = paired
-        table.add(f"  one step at 100 / {args.long_tokens} positions, alternating ({args.long_pairs} pairs; no drift)",
+        table.add(f"  one step at 100 / {args.long_tokens} positions ({args.long_pairs} each, in alternating blocks)",
                   f"{long_ms:.2f} ms", f"{short_ms:.2f} ms", ratio(short_ms, long_ms))
     first_rate, last_rate = await engine.long_generation(local.loaded.spec, Path(load_settings().model_cache),
                                                          prompt, args.long_tokens, kernel=False)

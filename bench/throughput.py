@@ -380,8 +380,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--long-tokens", type=int, default=1500, help="the long generation and the joining prompt")
     parser.add_argument("--long-runs", type=int, default=3,
                         help="long generations with the kernels (median ratio: a VM's speed drifts within one)")
-    parser.add_argument("--long-pairs", type=int, default=150,
-                        help="paired steps at 100 and --long-tokens positions (the long generation without drift)")
+    parser.add_argument("--long-pairs", type=int, default=200,
+                        help="steps at each of 100 and --long-tokens positions, in blocks of 50 alternating (the long "
+                             "generation without drift)")
     parser.add_argument("--startup", action="store_true", help="also time a worker's first start and restart")
     parser.add_argument("--replication", action="store_true",
                         help="instead: the cost of acknowledging events on a replica (WAIT 1) vs the primary alone")

@@ -19,6 +19,7 @@ from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig, MistralC
 from lmsp_core.requests.catalog import TINY_RANDOM
 from lmsp_core.settings import load_settings
 from tests.e2e.test_engine import Collector
+from tests.kernelbuilds import built_for
 from workers import chunkprice, kernels, layerstep, loader, precision, scheduler, weights
 from workers.decoder import Decoder, unsupported_reason
 from workers.engine import Engine, Finish, Generation, cache_dtype
@@ -590,7 +591,22 @@ def test_a_steps_layers_run_in_one_kernels_c_call_as_in_the_python_loop(dtype: t
     """Where every part of the layers runs through kernels.c (4-bit products for all of a step's rows),
     they run in one call (``workers.layerstep``): every step's logits are the Python loop's bit for
     bit, prompt chunks and decoding rows alike; a step of more rows takes the loop."""
-    built = vectorised_kernels(shared_kernel_dir())
+    assert_one_call_is_the_loop(vectorised_kernels(shared_kernel_dir()), dtype, cache, monkeypatch)
+
+
+@pytest.mark.parametrize(("dtype", "cache"), [(torch.float32, torch.float16), (torch.bfloat16, torch.bfloat16)])
+def test_a_steps_layers_built_for_avx2_run_in_one_call_as_in_the_python_loop(
+        dtype: torch.dtype, cache: torch.dtype, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same with kernels.c built for AVX2 without AVX512 (``-march=haswell``: products in blocks of
+    8, the AVX2 heads) on whichever x86 CPU runs the tests: the AVX2 EPYC's float32 model with a
+    float16 cache, and bfloat16."""
+    built = built_for("haswell", tmp_path, monkeypatch)
+    assert built is not None and built.product_block == 8
+    assert_one_call_is_the_loop(built, dtype, cache, monkeypatch)
+
+
+def assert_one_call_is_the_loop(built: kernels.Kernels, dtype: torch.dtype, cache: torch.dtype,
+                                monkeypatch: pytest.MonkeyPatch) -> None:
     model, exact = q4_layers_model()
     model = model.to(dtype)
     prompt = list(range(10, 30))

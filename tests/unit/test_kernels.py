@@ -10,6 +10,7 @@ import torch
 from torch.nn import functional
 
 from lmsp_core.settings import load_settings
+from tests.kernelbuilds import built_for
 from workers import attention, kernels, loader
 from workers.layers import rotate
 from workers.weights import Groups4, in_blocks, int4_native, int8_codes, scales_in_blocks
@@ -382,12 +383,7 @@ def test_the_products_built_for_other_cpus_give_this_hosts_results(built: kernel
     this host builds natively: built again here for an older CPU through a compiler that takes
     ``-march={march}`` for ``-march=native``, they agree with this host's (which agree with the
     reference above) on the shapes that exercise partial blocks, row counts and odd groups."""
-    compiler = tmp_path / "cc"
-    compiler.write_text(f'#!/bin/sh\nfor a; do shift; [ "$a" = -march=native ] && a=-march={march}; '
-                        'set -- "$@" "$a"; done\nexec cc "$@"\n')
-    compiler.chmod(0o755)
-    monkeypatch.setenv("CC", str(compiler))
-    other = kernels.load(tmp_path / "kernels")
+    other = built_for(march, tmp_path, monkeypatch)
     assert other is not None and other.product_block == block and other.int8_vectorised == bool(block)
     generator = torch.Generator().manual_seed(5)
     for rows, n, k in [(1, 37, 576), (5, 19, 96), (4, 8, 288)]:

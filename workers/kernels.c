@@ -965,12 +965,13 @@ ALWAYS_INLINE void head8(const char *q, const char *k, const char *v, int64_t le
 
 /* The decoding heads of a bfloat16 cache with AVX512-BF16. The per-row heads above spend most of a
    long row's time on arithmetic: each score's products summed across a vector on its own, every key
-   and value converted to float32. Here pairs of bfloat16 elements are multiplied as they are
-   (vdpbf16ps: exact products, float32 sums): a key against a query, then 16 keys' partial sums added
-   in one tree (sums16); the values of two positions interleaved into pairs against their two
-   probabilities rounded to bfloat16, as the chunk blocks and torch's own CPU attention round them. A
-   SmolLM2 key head (3 queries) at 1,500 positions in the L2, on the AVX512-BF16 EPYC of family 25:
-   19.8 -> 9.8 us. Same arithmetic order for every call, whichever thread runs it. */
+   converted to float32 first. Here a key's pairs of bfloat16 elements are multiplied by the query's as
+   they are (vdpbf16ps: exact products, float32 sums), then 16 keys' partial sums added in one tree
+   (sums16); the values are summed in float32 with every query's sums in registers. A SmolLM2 key head
+   (3 queries) at 1,500 positions in the L2, on the AVX512-BF16 EPYC of family 25: 19.8 -> 13.1 us.
+   Probabilities rounded to bfloat16 for the values (two positions a vdpbf16ps, as the chunk blocks
+   take them) made it 9.8 us, but moved SmolLM2's greedy answers further from the float32 model's
+   (docs/performance.md). Same arithmetic order for every call, whichever thread runs it. */
 #define NO_DP_HEAD(SUFFIX, KIND) /* dp_head_SUFFIX: none of this cache's dtype here */                     \
     static head_fn_##KIND dp_head_##SUFFIX(int64_t group, int64_t d) {                                      \
         (void)group;                                                                                       \
@@ -1001,22 +1002,6 @@ DP_INLINE __m512 dp_key(const uint16_t *k, const __m512bh *q, const int D) {
     return s;
 }
 
-static inline __mmask16 first16(int64_t n) { return n >= 16 ? 0xFFFF : n <= 0 ? 0 : (__mmask16)((1u << n) - 1); }
-
-/* A row's scores s[0..length) as softmax probabilities in bfloat16, in place (the first half of its
-   bytes), with a zero after an odd length: pairs for the values' products. */
-DP_INLINE void probability_pairs(float *s, int64_t length) {
-    softmax(s, length);
-    uint16_t *p = (uint16_t *)s;
-    for (int64_t i = 0; i < length; i += 32) { /* floats i..i+31 are read before halves i..i+31 are written */
-        __m512 low = _mm512_maskz_loadu_ps(first16(length - i), s + i);
-        __m512 high = _mm512_maskz_loadu_ps(first16(length - i - 16), s + i + 16);
-        int64_t n = length - i + 1 < 32 ? length - i + 1 : 32;
-        __mmask32 mask = n == 32 ? ~(__mmask32)0 : ((__mmask32)1 << n) - 1;
-        _mm512_mask_storeu_epi16(p + i, mask, (__m512i)_mm512_cvtne2ps_pbh(high, low));
-    }
-}
-
 DP_INLINE void dp_head(const uint16_t *q, const uint16_t *k, const uint16_t *v, int64_t length, float scale,
                        float *scores, int64_t stride, uint16_t *out, const int G, const int D) {
     __m512bh qv[4][4];
@@ -1037,39 +1022,22 @@ DP_INLINE void dp_head(const uint16_t *q, const uint16_t *k, const uint16_t *v, 
     for (; t < length; t++)
         for (int g = 0; g < G; g++)
             scores[g * stride + t] = _mm512_reduce_add_ps(dp_key(k + t * D, qv[g], D)) * scale;
-    for (int g = 0; g < G; g++) probability_pairs(scores + g * stride, length);
-    /* of 32 elements, lo's pairs hold elements 0-3, 8-11, 16-19 and 24-27 of two positions; hi's the rest */
-    __m512 lo[4][4], hi[4][4];
+    for (int g = 0; g < G; g++) softmax(scores + g * stride, length);
+    __m512 acc[4][8]; /* each query's sums in registers, 16 elements a vector */
     for (int g = 0; g < G; g++)
-        for (int c = 0; c < D / 32; c++) lo[g][c] = hi[g][c] = _mm512_setzero_ps();
-    for (t = 0; t < length; t += 2) {
-        if (!early) prefetch_row(v + (t + PREFETCH_AHEAD) * D, 2 * row_bytes);
-        __m512bh p[4];
-        for (int g = 0; g < G; g++) {
-            int32_t pair;
-            memcpy(&pair, (const uint16_t *)(scores + g * stride) + t, sizeof pair);
-            p[g] = (__m512bh)_mm512_set1_epi32(pair);
-        }
-        for (int c = 0; c < D / 32; c++) {
-            __m512i a = _mm512_loadu_si512(v + t * D + 32 * c);
-            __m512i b = t + 1 < length ? _mm512_loadu_si512(v + (t + 1) * D + 32 * c) : _mm512_setzero_si512();
-            __m512bh l = (__m512bh)_mm512_unpacklo_epi16(a, b), h = (__m512bh)_mm512_unpackhi_epi16(a, b);
-            for (int g = 0; g < G; g++) {
-                lo[g][c] = _mm512_dpbf16_ps(lo[g][c], l, p[g]);
-                hi[g][c] = _mm512_dpbf16_ps(hi[g][c], h, p[g]);
-            }
+        for (int c = 0; c < D / 16; c++) acc[g][c] = _mm512_setzero_ps();
+    for (t = 0; t < length; t++) {
+        if (!early) prefetch_row(v + (t + PREFETCH_AHEAD) * D, row_bytes);
+        __m512 p[4];
+        for (int g = 0; g < G; g++) p[g] = _mm512_set1_ps(scores[g * stride + t]);
+        for (int c = 0; c < D / 16; c++) {
+            __m512 x = load16_bf16(v + t * D + 16 * c);
+            for (int g = 0; g < G; g++) acc[g][c] = _mm512_fmadd_ps(p[g], x, acc[g][c]);
         }
     }
-    const __m512i first = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
-    const __m512i second = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
     for (int g = 0; g < G; g++)
-        for (int c = 0; c < D / 32; c++) {
-            uint16_t *o = out + g * D + 32 * c;
-            __m512 x = _mm512_permutex2var_ps(lo[g][c], first, hi[g][c]);
-            __m512 y = _mm512_permutex2var_ps(lo[g][c], second, hi[g][c]);
-            _mm256_storeu_si256((__m256i *)o, (__m256i)_mm512_cvtneps_pbh(x));
-            _mm256_storeu_si256((__m256i *)(o + 16), (__m256i)_mm512_cvtneps_pbh(y));
-        }
+        for (int c = 0; c < D / 16; c++)
+            _mm256_storeu_si256((__m256i *)(out + g * D + 16 * c), (__m256i)_mm512_cvtneps_pbh(acc[g][c]));
 }
 
 #define DEFINE_DP_HEAD(D, G)                                                                                \

@@ -73,8 +73,8 @@ def test_the_kernel_attends_as_torch_does(built: kernels.Kernels, dtype: torch.d
 def test_decoding_rows_of_every_length_around_the_tiles_attend_as_torch_does(
         built: kernels.Kernels, dtype: torch.dtype, kv_heads: int, group: int, head_dim: int) -> None:
     """Lengths below, at and past the 16 keys a bfloat16 head scores at once with AVX512-BF16
-    (kernels.c, "dp_head"), odd and even (its values pair two positions), the last row ending at its
-    slot's last position, in the cache's last slot (nothing after it to read)."""
+    (kernels.c, "dp_head"), the last row ending at its slot's last position, in the cache's last slot
+    (nothing after it to read)."""
     lengths = [1, 2, 3, 15, 16, 17, 31, 32, 33, 48, 49]
     positions = max(lengths)
     kernel = attention.decode_attention(built, group, head_dim, positions)

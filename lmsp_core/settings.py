@@ -58,8 +58,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     # worker's event loop, the API and Redis keep a core: oversubscribed intra-op threads spin and
     # lose most of their throughput (measured: docs/performance.md)
     torch_threads: Annotated[int, Meta(ge=0)] = 0
-    # on a CPU, long sequences' attention and the 4-bit and 8-bit products take a second thread where
-    # torch's threads leave a core (workers/kernels.c, "The helper"; measured: docs/performance.md)
+    # on a CPU, long sequences' attention takes a second thread where torch's threads leave a core
+    # (workers/kernels.c, "The helper"; measured: docs/performance.md)
     attention_helper: bool = True
     # security (docs/protocol.md, "Security"): "none" is refused unless the API binds a loopback address
     auth: Literal["tokens", "none"] = "tokens"

@@ -557,13 +557,8 @@ typedef void (*head_fn_f32)(const float *, const float *, const float *, int64_t
    products, the helper reads the next layer's items it will likely take into its own L2, so that it
    computes them from its cache. An item's arithmetic is the same whoever runs it.
 
-   The products (int4_matmul, int8_matmul) share their output blocks with it the same way, items of
-   PRODUCT_ITEM blocks claimed from the two ends (helper_post_product): SmolLM2's 30 layers' products
-   one row 4.1-4.4 -> 2.4-2.5 ms, 16 rows 15.0 -> 8.1-8.3 on the Zen 4 EPYC; each output is computed
-   by the same code whichever thread takes its block. A product posted ends the reading ahead.
-
    Nothing waits for the helper but items it has claimed: asleep, late or gone (in a forked child),
-   the caller does every item itself. One caller at a time (two models' threads: the second runs
+   the caller does every item itself. One caller at a time (two models' threads: the second attends
    alone). Jobs come a layer apart: after one the helper naps through most of the last gap, then
    spins until the next (helper_next); after a step's last layer, or HELPER_SPIN_NS without a job,
    it sleeps on a futex. Before a step's last layer returns, the helper has stopped reading the
@@ -586,7 +581,6 @@ typedef void (*head_fn_f32)(const float *, const float *, const float *, int64_t
 #define cpu_relax() (void)0
 #endif
 #define HELPER_SPIN_NS 2000000
-#define PRODUCT_SPIN_NS 300000
 
 /* What a layer's attention reads and writes (attend_*'s arguments). */
 typedef struct {
@@ -598,17 +592,8 @@ typedef struct {
     head_fn_f32 head_f32;
 } helper_layer;
 
-/* A product's output blocks, for the helper to share (int4_matmul, int8_matmul): run(args, first, last)
-   computes blocks first..last-1. */
-typedef struct {
-    void (*run)(const void *args, int64_t first, int64_t last);
-    const void *args;
-    int64_t blocks;
-} helper_product;
-
 typedef struct {
     helper_layer layer;
-    helper_product product; /* a product's job where product.run is set, else a layer's attention */
     int64_t count, min_length, rows_until; /* the items; rows long enough before rows_until are items */
     int64_t row[HELPER_ITEMS], head[HELPER_ITEMS], length[HELPER_ITEMS];
     int64_t at[HELPER_ITEMS]; /* elements from the cache's start to the item's keys */
@@ -645,15 +630,7 @@ static int64_t claim(uint32_t number, int64_t count, int front) {
     }
 }
 
-#define PRODUCT_ITEM 4 /* a product's blocks an item */
-
 static void run_item(const helper_job *j, int64_t i, float *scores) {
-    if (j->product.run != NULL) {
-        int64_t first = i * PRODUCT_ITEM, last = first + PRODUCT_ITEM;
-        j->product.run(j->product.args, first, last < j->product.blocks ? last : j->product.blocks);
-        atomic_fetch_add_explicit(&helper.done, 1, memory_order_release);
-        return;
-    }
     const helper_layer *l = &j->layer;
     int64_t at = j->at[i] * l->elem, row = j->row[i], h = j->head[i];
     const char *q = l->q + (row * l->q_stride + h * l->group * l->d) * l->elem;
@@ -714,23 +691,17 @@ done:
    apart within a step: the helper naps through most of the gap the last one left, spins until the
    job comes, and sleeps once none has come for HELPER_SPIN_NS; after a step's last layer it sleeps
    at once (the next step's first layer is never read ahead). Spinning through every gap took the
-   second core whole, from the API and Redis too. Where the products are shared too (the last job or
-   the one before was a product's), jobs come microseconds apart through a step, an attention's
-   followed at once by the next product: the helper spins from one to the next, and sleeps once none
-   has come for PRODUCT_SPIN_NS (between steps). */
-static uint32_t helper_next(uint32_t seen, int64_t seen_at, int64_t period, int last_layer, int products) {
+   second core whole, from the API and Redis too. */
+static uint32_t helper_next(uint32_t seen, int64_t seen_at, int64_t period, int last_layer) {
     uint32_t number;
-    int64_t since = products ? now_ns() : seen_at, patience = products ? PRODUCT_SPIN_NS : HELPER_SPIN_NS;
-    if (products) {
-        /* products shared: the next job comes within microseconds, but between steps */
-    } else if (last_layer) {
+    if (last_layer) {
         helper_sleep(seen, 0);
     } else if (period < HELPER_SPIN_NS) {
         helper_sleep(seen, seen_at + period * 3 / 4);
     }
     for (int spins = 0; (number = atomic_load(&helper.posted)) == seen; spins++) {
         cpu_relax();
-        if ((spins & 255) == 255 && now_ns() - since > patience) helper_sleep(seen, 0);
+        if ((spins & 255) == 255 && now_ns() - seen_at > HELPER_SPIN_NS) helper_sleep(seen, 0);
     }
     return number;
 }
@@ -743,10 +714,10 @@ static void *helper_main(void *unused) {
     prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0); /* naps end within a microsecond or so, not 50 */
     uint32_t seen = 0;
     float *scores = NULL;
-    int last_layer = 1, products = 0, product_before = 0;
+    int last_layer = 1;
     int64_t room = 0, seen_at = now_ns(), period = HELPER_SPIN_NS;
     for (;;) {
-        uint32_t number = helper_next(seen, seen_at, period, last_layer, products);
+        uint32_t number = helper_next(seen, seen_at, period, last_layer);
         int64_t at = now_ns();
         period = at - seen_at, seen_at = at;
         seen = number;
@@ -756,13 +727,6 @@ static void *helper_main(void *unused) {
             continue;
         }
         helper_job *job = &helper.jobs[number % 2]; /* not written again while this thread holds it (helper_post) */
-        int product = job->product.run != NULL;
-        products = product || product_before, product_before = product;
-        if (product) {
-            for (int64_t i; (i = claim(number, job->count, 0)) >= 0;) run_item(job, i, NULL);
-            atomic_store(&helper.holding, 0);
-            continue;
-        }
         if (job->layer.positions > room) { /* its scores: a row's every position for each query */
             free(scores);
             room = job->layer.positions;
@@ -815,51 +779,18 @@ int helper_configure(int64_t min_length) {
 
 /* Post the long rows of a step's layer as a job's items; the job, or NULL where the caller attends
    alone (the helper off, another caller on it, no long row, or the helper still on a job two back). */
-/* The next job's slot, its number in *number, for this caller alone; NULL where the caller goes alone
-   (the helper off, another caller on it, or the helper still on a job two back). */
-static helper_job *helper_begin(uint32_t *number) {
-    if (!atomic_load(&helper.min_length) || atomic_exchange(&helper.caller, 1)) return NULL;
-    *number = atomic_load(&helper.posted) + 1;
-    *number += *number == 0; /* 0 means none */
+static helper_job *helper_post(const helper_layer *layer, const int64_t *slots, const int64_t *limits, int64_t rows) {
+    int64_t min_length = atomic_load(&helper.min_length);
+    if (!min_length || atomic_exchange(&helper.caller, 1)) return NULL;
+    uint32_t number = atomic_load(&helper.posted) + 1;
+    number += number == 0; /* 0 means none */
     uint32_t held = atomic_load(&helper.holding);
-    if ((held != 0 && held != *number - 1) || !helper_running()) {
+    if ((held != 0 && held != number - 1) || !helper_running()) {
         atomic_store(&helper.caller, 0);
         return NULL;
     }
-    return &helper.jobs[*number % 2];
-}
-
-/* Job `number`'s items open to claims, the helper woken where it sleeps. */
-static void helper_publish(uint32_t number) {
-    atomic_store(&helper.done, 0);
-    atomic_store(&helper.claims, (uint64_t)number << 32);
-    atomic_store(&helper.posted, number);
-#if HELPER
-    if (atomic_load(&helper.sleeping)) syscall(SYS_futex, &helper.posted, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
-#endif
-}
-
-/* A product's blocks as a job's items of PRODUCT_ITEM blocks (helper_product); NULL where the caller
-   runs them alone (helper_begin, or too few). */
-static helper_job *helper_post_product(void (*run)(const void *, int64_t, int64_t), const void *args,
-                                       int64_t blocks) {
-    uint32_t number;
-    helper_job *job = blocks >= 2 * PRODUCT_ITEM ? helper_begin(&number) : NULL;
-    if (job == NULL) return NULL;
-    job->product = (helper_product){run, args, blocks};
-    job->count = (blocks + PRODUCT_ITEM - 1) / PRODUCT_ITEM;
-    job->layer.next_keys = NULL;
-    helper_publish(number);
-    return job;
-}
-
-static helper_job *helper_post(const helper_layer *layer, const int64_t *slots, const int64_t *limits, int64_t rows) {
-    int64_t min_length = atomic_load(&helper.min_length);
-    uint32_t number;
-    helper_job *job = helper_begin(&number);
-    if (job == NULL) return NULL;
+    helper_job *job = &helper.jobs[number % 2];
     {
-        job->product.run = NULL;
         job->count = 0;
         job->layer = *layer;
         job->min_length = min_length;
@@ -878,7 +809,12 @@ static helper_job *helper_post(const helper_layer *layer, const int64_t *slots, 
         atomic_store(&helper.caller, 0);
         return NULL;
     }
-    helper_publish(number);
+    atomic_store(&helper.done, 0);
+    atomic_store(&helper.claims, (uint64_t)number << 32);
+    atomic_store(&helper.posted, number);
+#if HELPER
+    if (atomic_load(&helper.sleeping)) syscall(SYS_futex, &helper.posted, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
+#endif
     return job;
 }
 
@@ -1469,44 +1405,29 @@ DEFINE_INT8_BLOCK_ROWS(3)
 DEFINE_INT8_BLOCK_ROWS(4)
 #endif
 
-/* A product's arguments (int8_matmul's, int4_matmul's): its output blocks (OUT_BLOCK outputs each) run
-   by either thread (helper_product). */
-typedef struct {
-    const int8_t *xq; /* the inputs quantised by int8_quantize (xq, dx, corr) */
-    const float *dx, *corr;
-    int64_t rows;
-    const void *codes;
-    const float *scales, *minimums; /* minimums: 4-bit codes only */
-    int64_t n, k;
-    float *out;
-} product_args;
-
-#define OUT_BLOCK (PRODUCT_BLOCK ? PRODUCT_BLOCK : 1)
-
-/* Output blocks first..last-1 of out [rows, n] float32 = x . w for codes [n, k] int8 and scales [n, k /
-   32] float32, or in blocks (above). */
-static void int8_blocks(const void *args, int64_t first, int64_t last) {
-    const product_args *a = args;
-    const int8_t *codes = a->codes;
-    int64_t rows = a->rows, n = a->n, k = a->k, groups = k / GROUP;
+/* out [rows, n] float32 = x . w for codes [n, k] int8 and scales [n, k / 32] float32, or in blocks
+   (above); x quantised by int8_quantize (xq, dx, corr). */
+void int8_product(const int8_t *xq, const float *dx, const float *corr, int64_t rows, const int8_t *codes,
+                  const float *scales, int64_t n, int64_t k, float *out) {
+    int64_t groups = k / GROUP;
 #if PRODUCT_BLOCK
     static void (*const by_count[4])(const int8_t *, const float *, const int8_t *, const float *, const float *,
                                      int64_t, int64_t, float *, int64_t, int64_t) = {
         int8_block_rows1, int8_block_rows2, int8_block_rows3, int8_block_rows4};
-    for (int64_t b = first; b < last; b++) {
+    for (int64_t b = 0; b * PRODUCT_BLOCK < n; b++) {
         int64_t width = n - b * PRODUCT_BLOCK < PRODUCT_BLOCK ? n - b * PRODUCT_BLOCK : PRODUCT_BLOCK;
         for (int64_t r = 0; r < rows; r += 4) { /* the block's codes stay in L1 for all the rows */
             int64_t count = rows - r < 4 ? rows - r : 4;
-            by_count[count - 1](codes + b * groups * PRODUCT_BLOCK * GROUP, a->scales + b * groups * PRODUCT_BLOCK,
-                                a->xq + r * k, a->dx + r * groups, a->corr + r * groups, k, groups,
-                                a->out + r * n + b * PRODUCT_BLOCK, n, width);
+            by_count[count - 1](codes + b * groups * PRODUCT_BLOCK * GROUP, scales + b * groups * PRODUCT_BLOCK,
+                                xq + r * k, dx + r * groups, corr + r * groups, k, groups,
+                                out + r * n + b * PRODUCT_BLOCK, n, width);
         }
     }
 #else
-    for (int64_t j = first; j < last; j++) {
+    for (int64_t j = 0; j < n; j++) {
         for (int64_t r = 0; r < rows; r++) {
-            a->out[r * n + j] = int8_row(codes + j * k, a->scales + j * groups, a->xq + r * k, a->dx + r * groups,
-                                         a->corr + r * groups, groups);
+            out[r * n + j] = int8_row(codes + j * k, scales + j * groups, xq + r * k, dx + r * groups,
+                                      corr + r * groups, groups);
         }
     }
 #endif
@@ -1624,65 +1545,57 @@ DEFINE_INT4_BLOCK_ROWS(4)
 
 /* out [rows, n] float32 = x . w for 4-bit groups: codes [n, 16 * groups] packed as int4_row takes
    them, d and m [n, groups] float32, or in blocks (above); x quantised by int8_quantize. */
-/* Output blocks first..last-1 of out [rows, n] float32 = x . w for 4-bit codes as
-   Groups4.for_kernels_c lays them out. */
-static void int4_blocks(const void *args, int64_t first, int64_t last) {
-    const product_args *a = args;
-    const uint8_t *codes = a->codes;
-    const float *d = a->scales, *m = a->minimums;
-    int64_t rows = a->rows, n = a->n, k = a->k, groups = k / GROUP;
+void int4_product(const int8_t *xq, const float *dx, const float *corr, int64_t rows, const uint8_t *codes,
+                  const float *d, const float *m, int64_t n, int64_t k, float *out) {
+    int64_t groups = k / GROUP;
 #if PRODUCT_BLOCK
     static void (*const by_count[4])(const uint8_t *, const float *, const float *, const int8_t *, const float *,
                                      const float *, int64_t, int64_t, float *, int64_t, int64_t) = {
         int4_block_rows1, int4_block_rows2, int4_block_rows3, int4_block_rows4};
-    for (int64_t b = first; b < last; b++) {
+    for (int64_t b = 0; b * PRODUCT_BLOCK < n; b++) {
         int64_t width = n - b * PRODUCT_BLOCK < PRODUCT_BLOCK ? n - b * PRODUCT_BLOCK : PRODUCT_BLOCK;
         const uint8_t *w = codes + b * groups * PRODUCT_BLOCK * GROUP / 2;
         const float *db = d + b * groups * PRODUCT_BLOCK, *mb = m + b * groups * PRODUCT_BLOCK;
         for (int64_t r = 0; r < rows; r += 4) { /* the block's codes stay in L1 for all the rows */
             int64_t count = rows - r < 4 ? rows - r : 4;
-            by_count[count - 1](w, db, mb, a->xq + r * k, a->dx + r * groups, a->corr + r * groups, k, groups,
-                                a->out + r * n + b * PRODUCT_BLOCK, n, width);
+            by_count[count - 1](w, db, mb, xq + r * k, dx + r * groups, corr + r * groups, k, groups,
+                                out + r * n + b * PRODUCT_BLOCK, n, width);
         }
     }
 #else
-    for (int64_t j = first; j < last; j++) {
+    for (int64_t j = 0; j < n; j++) {
         for (int64_t r = 0; r < rows; r++) {
-            a->out[r * n + j] = int4_row(codes + j * groups * 16, d + j * groups, m + j * groups, a->xq + r * k,
-                                         a->dx + r * groups, a->corr + r * groups, groups);
+            out[r * n + j] = int4_row(codes + j * groups * 16, d + j * groups, m + j * groups, xq + r * k,
+                                      dx + r * groups, corr + r * groups, groups);
         }
     }
 #endif
 }
 
-/* x [rows, k] float32 quantised, then its product's blocks: shared with the helper where it runs
-   (helper_post_product; the same arithmetic for each output whichever thread takes it), else here. */
-static int product(void (*blocks_fn)(const void *, int64_t, int64_t), const float *x, int64_t rows, int64_t k,
-                   const void *codes, const float *scales, const float *minimums, int64_t n, float *out) {
+/* x [rows, k] float32 quantised here, then the product: one call per product (the calls' own cost
+   mattered: 120 products a step). Returns -1 where memory for the quantised inputs ran out. */
+int int8_matmul(const float *x, int64_t rows, int64_t k, const int8_t *codes, const float *scales, int64_t n,
+                float *out) {
     int64_t groups = k / GROUP;
     int8_t *xq = malloc((size_t)(rows * k) + 2 * sizeof(float) * (size_t)(rows * groups) + 64);
     if (xq == NULL) return -1;
     float *dx = (float *)(((uintptr_t)(xq + rows * k) + 63) & ~(uintptr_t)63), *corr = dx + rows * groups;
     int8_quantize(x, rows, k, xq, dx, corr);
-    product_args a = {xq, dx, corr, rows, codes, scales, minimums, n, k, out};
-    int64_t blocks = (n + OUT_BLOCK - 1) / OUT_BLOCK;
-    helper_job *job = PRODUCT_BLOCK ? helper_post_product(blocks_fn, &a, blocks) : NULL;
-    if (job != NULL)
-        helper_finish(job, NULL);
-    else
-        blocks_fn(&a, 0, blocks);
+    int8_product(xq, dx, corr, rows, codes, scales, n, k, out);
     free(xq);
     return 0;
 }
 
-int int8_matmul(const float *x, int64_t rows, int64_t k, const int8_t *codes, const float *scales, int64_t n,
-                float *out) {
-    return product(int8_blocks, x, rows, k, codes, scales, NULL, n, out);
-}
-
 int int4_matmul(const float *x, int64_t rows, int64_t k, const uint8_t *codes, const float *d, const float *m,
                 int64_t n, float *out) {
-    return product(int4_blocks, x, rows, k, codes, d, m, n, out);
+    int64_t groups = k / GROUP;
+    int8_t *xq = malloc((size_t)(rows * k) + 2 * sizeof(float) * (size_t)(rows * groups) + 64);
+    if (xq == NULL) return -1;
+    float *dx = (float *)(((uintptr_t)(xq + rows * k) + 63) & ~(uintptr_t)63), *corr = dx + rows * groups;
+    int8_quantize(x, rows, k, xq, dx, corr);
+    int4_product(xq, dx, corr, rows, codes, d, m, n, k, out);
+    free(xq);
+    return 0;
 }
 
 /* A step's layers in one call (workers/layerstep.py), where each layer's four products run on 4-bit

@@ -6,12 +6,10 @@ product on its 8-bit codes (``Kernels.int8_weights``; torch has no kernel for 8-
 ``weights.int8_groups`` runs its 4-bit one twice instead) and the layers' products on 4-bit groups
 (``Kernels.int4_weights``; torch's kernel takes bfloat16 inputs and converts every weight to
 float). Both products quantise their inputs to 8 bits per 32, as llama.cpp does, and multiply the
-codes as integers (AVX512-VNNI, else AVX2's byte products); where the helper thread runs
-(``Kernels.configure_helper``), it takes a share of each product's output blocks. Three more cost far more through torch
+codes as integers (AVX512-VNNI, else AVX2's byte products). Three more cost far more through torch
 than their arithmetic: the RMS norm of the float32 residual (``Kernels.rms_norm``), the rotation of
 queries and keys with the cache writes (``Kernels.rope_store``) and the MLP's activation
-(``Kernels.silu_mul``). All are C on the calling thread, but for the helper's share of attention and
-the products. Where all of a layer runs through them, a step's
+(``Kernels.silu_mul``). All are single-threaded C. Where all of a layer runs through them, a step's
 layers run in one call (``layers_*``: ``workers.layerstep``).
 
 They are compiled with the system C compiler (``$CC``, else ``cc``) for this CPU (``-march=native``;
@@ -92,8 +90,7 @@ class Kernels:
 
     def configure_helper(self, min_length: int) -> bool:
         """Decoding rows at least ``min_length`` long attend with ``kernels.c``'s helper thread from now
-        on, and the products share their blocks with it, in this process (0: neither); whether it can
-        run here."""
+        on, in this process (0: none do); whether it can run here."""
         return bool(self.functions["helper_configure"](min_length))
 
     def products_run_here(self) -> bool:
@@ -203,8 +200,7 @@ class GroupedWeights:
 
 
 def allow_helper(allowed: bool) -> None:
-    """Whether attention and the products may take a second thread in this process
-    (``LMSP_ATTENTION_HELPER``)."""
+    """Whether attention may take a second thread in this process (``LMSP_ATTENTION_HELPER``)."""
     global _helper_allowed
     _helper_allowed = allowed
 

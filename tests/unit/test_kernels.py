@@ -144,31 +144,6 @@ def test_long_rows_attend_with_the_helper_thread_as_without_it(built: kernels.Ke
                                rtol=tolerance, atol=tolerance)
 
 
-def test_products_shared_with_the_helper_thread_are_those_without_it(built: kernels.Kernels) -> None:
-    """With the helper thread on, a product's output blocks are items that either thread runs
-    (kernels.c, "helper_post_product"): bit for bit the product without it, in twenty calls each, for
-    the 4-bit and 8-bit codes, one row and several, and a partial last block. torch on one thread, as
-    in a worker that runs the helper: torch's idle threads spinning on the other core keep the helper
-    from ever claiming an item."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    generator = torch.Generator().manual_seed(7)
-    cases = []
-    for rows, n, k in [(1, 960, 576), (5, 300, 96), (16, 1000, 288)]:
-        weight = torch.randn(n, k, generator=generator) * 0.05
-        codes, scales = int8_codes(weight)
-        x = torch.randn(rows, k, generator=generator)
-        for product in (built.int8_weights(codes, scales), built.int4_weights(weight)):
-            cases.append((product, x, product(x)))
-    try:
-        assert built.configure_helper(1)
-        for product, x, alone in cases:
-            assert all(torch.equal(product(x), alone) for _ in range(20))
-    finally:
-        built.configure_helper(0)
-        torch.set_num_threads(threads)
-
-
 def test_the_helper_runs_only_where_allowed_and_torch_leaves_a_core(monkeypatch: pytest.MonkeyPatch) -> None:
     """``LMSP_ATTENTION_HELPER`` (``kernels.allow_helper``, from ``loader.limit_threads``) and torch's
     threads decide whether attention takes the helper thread."""

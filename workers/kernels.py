@@ -9,8 +9,9 @@ float). Both products quantise their inputs to 8 bits per 32, as llama.cpp does,
 codes as integers (AVX512-VNNI, else AVX2's byte products). Three more cost far more through torch
 than their arithmetic: the RMS norm of the float32 residual (``Kernels.rms_norm``), the rotation of
 queries and keys with the cache writes (``Kernels.rope_store``) and the MLP's activation
-(``Kernels.silu_mul``). All are single-threaded C. Where all of a layer runs through them, a step's
-layers run in one call (``layers_*``: ``workers.layerstep``).
+(``Kernels.silu_mul``). All are C on the calling thread, but for long decoding rows' attention, which
+a helper thread shares where torch leaves it a core (``Kernels.configure_helper``). Where all of a
+layer runs through them, a step's layers run in one call (``layers_*``: ``workers.layerstep``).
 
 They are compiled with the system C compiler (``$CC``, else ``cc``) for this CPU (``-march=native``;
 ``-ffast-math`` for glibc's vectorised ``expf``), once per source, build recipe, compiler and CPU, into

@@ -30,10 +30,17 @@ logger = logging.getLogger(__name__)
 
 GAIN_NEEDED = 1.1  # bfloat16 must be clearly faster: float32 is the more exact of the two
 _FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
-# a decoding step's kind of products: one and sixteen rows through layers larger than the caches
+# a decoding step's kind of products: one and sixteen rows
 _ROWS = (1, 16)
 _SHAPE = (2048, 1024)
 _LAYERS = 8
+# 4-bit against dense products are timed with their weights read from memory, as a step's are (its
+# layers' weights pass through the caches once a step): before each run, twice the last-level cache
+# is read, up to this many bytes. The 16 MB of layers fit a 480 MB L3: there dense bfloat16 products
+# looked faster than 4-bit ones from 12 rows, where in SmolLM2's steps they are slower up to 32
+# (docs/performance.md)
+_MOST_EVICTED = 1 << 30
+_LAST_LEVEL_CACHE = 32 << 20  # where the OS does not say
 # no further, though kernels.c's AVX2 products beat float32 weights up to 512 rows: a prompt of more
 # than 32 tokens prefills on the dense weights and float inputs (with its inputs quantised to 8 bits,
 # SmolLM2's greedy answers to ten prompts of 36-43 tokens all left the float32 model's, one at its
@@ -90,7 +97,7 @@ def int4_rows(cache_dir: Path, dtype: torch.dtype, native: kernels.Kernels | Non
         logger.info("4-bit weights pay for products of up to %d rows on %s", rows, cpu_signature())
         return str(rows)
 
-    return int(_cached(cache_dir, f"{cpu_signature()} int4{_kernels(native)} vs {_name(dtype)}", measure))
+    return int(_cached(cache_dir, f"{cpu_signature()} int4{_kernels(native)} from memory vs {_name(dtype)}", measure))
 
 
 def merge_rows(cache_dir: Path, dtype: torch.dtype, packed_rows: int, native: kernels.Kernels | None = None) -> int:
@@ -108,7 +115,7 @@ def merge_rows(cache_dir: Path, dtype: torch.dtype, packed_rows: int, native: ke
         logger.info("a dense chunk product takes up to %d decoding rows along on %s", rows, cpu_signature())
         return str(rows)
 
-    signature = f"{cpu_signature()} merge{_kernels(native)} vs {_name(dtype)}"
+    signature = f"{cpu_signature()} merge{_kernels(native)} from memory vs {_name(dtype)}"
     return min(packed_rows, int(_cached(cache_dir, signature, measure)))
 
 
@@ -186,12 +193,32 @@ def _layers(dtype: torch.dtype, packed_rows: int,
     return layers
 
 
+def last_level_cache(caches: Path = Path("/sys/devices/system/cpu/cpu0/cache")) -> int:
+    """Bytes of the largest of the first CPU's ``caches`` (as Linux lists them; ``_LAST_LEVEL_CACHE``
+    where it lists none)."""
+    sizes = []
+    for path in caches.glob("index*/size"):
+        try:
+            text = path.read_text().strip()
+        except OSError:
+            continue
+        units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+        if text[:-1].isdigit() and text[-1] in units:
+            sizes.append(int(text[:-1]) * units[text[-1]])
+        elif text.isdigit():
+            sizes.append(int(text))
+    return max(sizes, default=_LAST_LEVEL_CACHE)
+
+
 def _best_of(rounds: int, *runs: Callable[[], object]) -> list[float]:
-    """Each run's least CPU time of ``rounds`` (the thread's own time: other processes do not count)."""
+    """Each run's least CPU time of ``rounds`` (the thread's own time: other processes do not count),
+    each run's weights read from memory (the caches filled with other data before it)."""
     best = [float("inf")] * len(runs)
+    other = torch.ones(min(2 * last_level_cache(), _MOST_EVICTED) // 4)
     with torch.inference_mode():
         for _ in range(rounds):
             for i, run in enumerate(runs):
+                other.sum()
                 started = time.thread_time()
                 run()
                 best[i] = min(best[i], time.thread_time() - started)

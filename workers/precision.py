@@ -21,6 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from torch import Tensor
 from torch.nn import functional
 
 from workers import kernels, weights
@@ -38,7 +39,7 @@ _LAYERS = 8
 # layers' weights pass through the caches once a step): before each run, twice the last-level cache
 # is read, up to this many bytes. The 16 MB of layers fit a 480 MB L3: there dense bfloat16 products
 # looked faster than 4-bit ones from 12 rows, where in SmolLM2's steps they are slower up to 32
-# (docs/performance.md)
+# (docs/performance.md). Three rounds each: the reads cost 70 ms a run there
 _MOST_EVICTED = 1 << 30
 _LAST_LEVEL_CACHE = 32 << 20  # where the OS does not say
 # no further, though kernels.c's AVX2 products beat float32 weights up to 512 rows: a prompt of more
@@ -93,7 +94,8 @@ def int4_rows(cache_dir: Path, dtype: torch.dtype, native: kernels.Kernels | Non
         return 0
 
     def measure() -> str:
-        rows = _most_rows(_INT4_ROWS, lambda count: _product_seconds(dtype, count, native=native))
+        other = _other_data()
+        rows = _most_rows(_INT4_ROWS, lambda count: _product_seconds(dtype, count, native=native, other=other))
         logger.info("4-bit weights pay for products of up to %d rows on %s", rows, cpu_signature())
         return str(rows)
 
@@ -111,7 +113,8 @@ def merge_rows(cache_dir: Path, dtype: torch.dtype, packed_rows: int, native: ke
 
     def measure() -> str:
         counts = tuple(count for count in _INT4_ROWS if count <= packed_rows)
-        rows = _most_rows(counts, lambda count: _merge_seconds(dtype, count, native=native)[::-1])
+        other = _other_data()
+        rows = _most_rows(counts, lambda count: _merge_seconds(dtype, count, native=native, other=other)[::-1])
         logger.info("a dense chunk product takes up to %d decoding rows along on %s", rows, cpu_signature())
         return str(rows)
 
@@ -210,11 +213,16 @@ def last_level_cache(caches: Path = Path("/sys/devices/system/cpu/cpu0/cache")) 
     return max(sizes, default=_LAST_LEVEL_CACHE)
 
 
-def _best_of(rounds: int, *runs: Callable[[], object]) -> list[float]:
+def _other_data() -> Tensor:
+    """Data to read between timed runs, so that their weights come from memory (``_MOST_EVICTED``)."""
+    return torch.ones(min(2 * last_level_cache(), _MOST_EVICTED) // 4)
+
+
+def _best_of(rounds: int, *runs: Callable[[], object], other: Tensor | None = None) -> list[float]:
     """Each run's least CPU time of ``rounds`` (the thread's own time: other processes do not count),
-    each run's weights read from memory (the caches filled with other data before it)."""
+    each run's weights read from memory: ``other`` (``_other_data``) read before it."""
     best = [float("inf")] * len(runs)
-    other = torch.ones(min(2 * last_level_cache(), _MOST_EVICTED) // 4)
+    other = _other_data() if other is None else other
     with torch.inference_mode():
         for _ in range(rounds):
             for i, run in enumerate(runs):
@@ -225,18 +233,18 @@ def _best_of(rounds: int, *runs: Callable[[], object]) -> list[float]:
     return best
 
 
-def _product_seconds(dtype: torch.dtype, rows: int, rounds: int = 5,
-                     native: kernels.Kernels | None = None) -> tuple[float, float]:
+def _product_seconds(dtype: torch.dtype, rows: int, rounds: int = 3, native: kernels.Kernels | None = None,
+                     other: Tensor | None = None) -> tuple[float, float]:
     """CPU time of ``rows``-row products through dense and 4-bit layers of the same shape."""
     layers = _layers(dtype, rows, native)
     x = torch.randn((rows, _SHAPE[1]), generator=torch.Generator().manual_seed(1)).to(dtype)
     dense, packed = _best_of(rounds, lambda: [layer[0](x) for layer in layers],
-                             lambda: [layer[1](x) for layer in layers])
+                             lambda: [layer[1](x) for layer in layers], other=other)
     return dense, packed
 
 
-def _merge_seconds(dtype: torch.dtype, rows: int, rounds: int = 5,
-                   native: kernels.Kernels | None = None) -> tuple[float, float]:
+def _merge_seconds(dtype: torch.dtype, rows: int, rounds: int = 3, native: kernels.Kernels | None = None,
+                   other: Tensor | None = None) -> tuple[float, float]:
     """CPU time of a ``MERGE_CHUNK``-row chunk's dense products with ``rows`` decoding rows along, and
     of the chunk's dense products beside the decoding rows' own 4-bit ones."""
     layers = _layers(dtype, rows, native)
@@ -245,7 +253,7 @@ def _merge_seconds(dtype: torch.dtype, rows: int, rounds: int = 5,
     decoding = torch.randn((rows, _SHAPE[1]), generator=generator).to(dtype)
     both = torch.cat((decoding, chunk))
     merged, apart = _best_of(rounds, lambda: [layer[0](both) for layer in layers],
-                             lambda: [(layer[1](decoding), layer[0](chunk)) for layer in layers])
+                             lambda: [(layer[1](decoding), layer[0](chunk)) for layer in layers], other=other)
     return merged, apart
 
 

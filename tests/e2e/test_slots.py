@@ -663,7 +663,8 @@ def fake_timings(monkeypatch: pytest.MonkeyPatch, name: str,
     """``precision.<name>`` answering ``timings(rows)``; returns the row counts it is asked for."""
     measured: list[int] = []
 
-    def timed(dtype: torch.dtype, rows: int, rounds: int = 5, native: object = None) -> tuple[float, float]:
+    def timed(dtype: torch.dtype, rows: int, rounds: int = 5, native: object = None,
+              other: object = None) -> tuple[float, float]:
         measured.append(rows)
         return timings(rows)
 
@@ -678,7 +679,7 @@ def test_how_many_rows_4_bit_products_pay_for_is_measured_once(tmp_path: Path,
     measured = fake_timings(monkeypatch, "_product_seconds", lambda rows: (1.0, 0.5) if rows <= 8 else (1.0, 2.0))
     assert precision.int4_rows(tmp_path, torch.float32) == 8 and measured == [1, 2, 4, 8, 16]
     assert precision.int4_rows(tmp_path, torch.float32) == 8 and len(measured) == 5  # read from the cache
-    monkeypatch.setattr(precision, "_product_seconds", lambda dtype, rows, native=None: (1.0, 1.5))
+    monkeypatch.setattr(precision, "_product_seconds", lambda dtype, rows, native=None, other=None: (1.0, 1.5))
     assert precision.int4_rows(tmp_path, torch.bfloat16) == 0  # never faster: never packed
     dense, packed = real(torch.float32, 2, rounds=1)  # the real measurement runs both kinds of layer
     assert dense > 0 and packed > 0

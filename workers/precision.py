@@ -214,8 +214,14 @@ def last_level_cache(caches: Path = Path("/sys/devices/system/cpu/cpu0/cache")) 
 
 
 def _other_data() -> Tensor:
-    """Data to read between timed runs, so that their weights come from memory (``_MOST_EVICTED``)."""
-    return torch.ones(min(2 * last_level_cache(), _MOST_EVICTED) // 4)
+    """Data to read between timed runs, so that their weights come from memory: twice the last-level
+    cache, at most ``_MOST_EVICTED`` bytes and a quarter of the memory free now (a worker's start must
+    not fail for a measurement)."""
+    try:
+        free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):
+        free = 4 * _MOST_EVICTED
+    return torch.ones(max(min(2 * last_level_cache(), _MOST_EVICTED, free // 4), 4) // 4)
 
 
 def _best_of(rounds: int, *runs: Callable[[], object], other: Tensor | None = None) -> list[float]:

@@ -7,6 +7,7 @@ import contextlib
 import copy
 import json
 import logging
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -705,6 +706,16 @@ def test_the_products_are_timed_past_the_largest_cache(tmp_path: Path) -> None:
     assert precision.last_level_cache(tmp_path) == 1 << 30
     assert precision.last_level_cache(tmp_path / "absent") == 32 << 20  # where Linux lists none
     assert precision.last_level_cache() >= 1 << 20  # this machine's
+
+
+def test_the_data_read_between_timed_runs_stays_within_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(precision, "last_level_cache", lambda: 64 << 20)
+    assert precision._other_data().numel() * 4 == 128 << 20  # twice the last-level cache
+    monkeypatch.setattr(precision, "last_level_cache", lambda: 8 << 30)
+    assert precision._other_data().numel() * 4 == 1 << 30  # at most a gigabyte
+    page = os.sysconf("SC_PAGE_SIZE")
+    monkeypatch.setattr(os, "sysconf", lambda name: (40 << 20) // page if name == "SC_AVPHYS_PAGES" else page)
+    assert precision._other_data().numel() * 4 == 10 << 20  # at most a quarter of what is free
 
 
 def test_whether_chunks_take_decoding_rows_along_is_measured_once(tmp_path: Path,

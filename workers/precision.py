@@ -38,8 +38,8 @@ _LAYERS = 8
 # 4-bit against dense products are timed with their weights read from memory, as a step's are (its
 # layers' weights pass through the caches once a step): before each run, twice the last-level cache
 # is read, up to this many bytes. The 16 MB of layers fit a 480 MB L3: there dense bfloat16 products
-# looked faster than 4-bit ones from 12 rows, where in SmolLM2's steps they are slower up to 32
-# (docs/performance.md). Three rounds each: the reads cost 70 ms a run there
+# looked faster than 4-bit ones at 16 rows, where in SmolLM2's steps they are slower at every count up
+# to 32 (docs/performance.md). Three rounds each: the reads cost 70 ms a run there
 _MOST_EVICTED = 1 << 30
 _LAST_LEVEL_CACHE = 32 << 20  # where the OS does not say
 # no further, though kernels.c's AVX2 products beat float32 weights up to 512 rows: a prompt of more
@@ -199,13 +199,12 @@ def _layers(dtype: torch.dtype, packed_rows: int,
 def last_level_cache(caches: Path = Path("/sys/devices/system/cpu/cpu0/cache")) -> int:
     """Bytes of the largest of the first CPU's ``caches`` (as Linux lists them; ``_LAST_LEVEL_CACHE``
     where it lists none)."""
-    sizes = []
+    sizes, units = [], {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
     for path in caches.glob("index*/size"):
         try:
             text = path.read_text().strip()
         except OSError:
             continue
-        units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
         if text[:-1].isdigit() and text[-1] in units:
             sizes.append(int(text[:-1]) * units[text[-1]])
         elif text.isdigit():

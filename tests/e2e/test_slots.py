@@ -10,11 +10,12 @@ import logging
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 import pytest
 import torch
+from torch import Tensor
 from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
 
 from lmsp_core.requests.catalog import TINY_RANDOM
@@ -716,6 +717,17 @@ def test_the_data_read_between_timed_runs_stays_within_memory(monkeypatch: pytes
     page = os.sysconf("SC_PAGE_SIZE")
     monkeypatch.setattr(os, "sysconf", lambda name: (40 << 20) // page if name == "SC_AVPHYS_PAGES" else page)
     assert precision._other_data().numel() * 4 == 10 << 20  # at most a quarter of what is free
+
+
+def test_each_timed_run_comes_after_the_other_data_is_read() -> None:
+    events: list[str] = []
+
+    class Other:
+        def sum(self) -> None:
+            events.append("read")
+
+    precision._best_of(2, lambda: events.append("dense"), lambda: events.append("4-bit"), other=cast(Tensor, Other()))
+    assert events == ["read", "dense", "read", "4-bit"] * 2
 
 
 def test_whether_chunks_take_decoding_rows_along_is_measured_once(tmp_path: Path,

@@ -199,6 +199,11 @@ class Decoder(nn.Module):
     def keeps_prefixes(self) -> bool:
         return True  # a released slot's keys and values stay until a new sequence writes over them
 
+    @property
+    def one_call_rows(self) -> int:
+        layer_step = self._one_call()
+        return 0 if layer_step is None else layer_step.rows
+
     def copy_prefix(self, source: int, target: int, length: int) -> None:
         self.cache.copy_prefix(source, target, length)
 

@@ -37,6 +37,10 @@ class HfSlots:
     def keeps_prefixes(self) -> bool:
         return False  # a released slot's cache is dropped
 
+    @property
+    def one_call_rows(self) -> int:
+        return 0
+
     def copy_prefix(self, source: int, target: int, length: int) -> None:
         raise NotImplementedError("transformers' caches are not kept after release")
 

@@ -75,6 +75,12 @@ class SlotModel(Protocol):
     def keeps_prefixes(self) -> bool:
         """Whether a slot's keys and values stay as they are after ``release`` (``workers.prefixes``)."""
 
+    @property
+    def one_call_rows(self) -> int:
+        """The most rows (decoding rows, dummies among them, and prompt tokens) a step runs on its
+        cheapest path, one more costing a jump (a step's layers in one call: ``workers.layerstep``);
+        0 where no such limit."""
+
     def copy_prefix(self, source: int, target: int, length: int) -> None:
         """Copy positions ``0..length-1`` of slot ``source`` into slot ``target``."""
 

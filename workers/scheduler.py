@@ -335,7 +335,8 @@ class Scheduler:
         joining = [run for run in self._running.values() if not run.decoding]
         if not joining:
             return []
-        budget = self._chunk_budget(len(decoding), len(joining), joining[0].filled)
+        rows = max((run.slot for run in decoding), default=-1) + 1  # the step's decoding rows, dummies among them
+        budget = self._chunk_budget(len(decoding), len(joining), joining[0].filled, rows)
         chunked = []
         for run in joining:
             if budget <= 0:
@@ -346,18 +347,25 @@ class Scheduler:
             budget -= size
         return chunked
 
-    def _chunk_budget(self, decoding: int, joining: int, start: int) -> int:
+    def _chunk_budget(self, decoding: int, joining: int, start: int, rows: int | None = None) -> int:
         """Prompt tokens for this step, the first chunk starting at ``start``: ``decoding`` sequences
-        would wait for them, ``joining`` ones wait for their prompts."""
+        (in ``rows`` rows, dummies among them; default: as many) would wait for them, ``joining`` ones
+        wait for their prompts."""
         if not decoding:
             return PREFILL_TOKENS
         price = self._chunk_cost.fit()
         if self._decode_seconds is None or price is None:
-            return FIRST_CHUNK
-        budget = chunk_budget(self._decode_seconds, price, start, waiting=max(1.0, joining / decoding))
-        # at most 1.5 times the last: a fit the machine's noise put off (or a product whose cost
-        # jumps at some row count, as oneDNN's do) cannot stall everyone at once
-        return min(budget, self._last_chunked * 3 // 2)
+            budget = FIRST_CHUNK
+        else:
+            budget = chunk_budget(self._decode_seconds, price, start, waiting=max(1.0, joining / decoding))
+            # at most 1.5 times the last: a fit the machine's noise put off (or a product whose cost
+            # jumps at some row count, as oneDNN's do) cannot stall everyone at once
+            budget = min(budget, self._last_chunked * 3 // 2)
+        # not past the rows the model runs cheapest, where a step's cost jumps (SmolLM2 on the AMX
+        # Xeon, 8 decoding rows and 16 the one call's limit: 8 prompt tokens 27 ms, 9 tokens 38 ms); the
+        # price, linear in the tokens, does not see the jump
+        room = self.model.one_call_rows - (decoding if rows is None else rows)
+        return min(budget, max(room, MIN_CHUNK)) if room > 0 else budget
 
     def _measure(self, plan: StepPlan, seconds: float) -> None:
         prompt_tokens = sum(len(chunk.tokens) for chunk in plan.chunks)

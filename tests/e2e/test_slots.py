@@ -226,6 +226,26 @@ def test_a_chunk_beside_decoding_grows_at_most_by_half(tiny: loader.LoadedModel)
         engine.close()
 
 
+def test_a_chunk_beside_decoding_stays_within_the_rows_a_step_runs_cheapest(tiny: loader.LoadedModel,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """A step of more rows than the model's ``one_call_rows`` costs a jump the linear price does not
+    see (its layers leave the one call): a chunk beside decoding stays within them, measured or not."""
+    engine = Engine(tiny)
+    try:
+        monkeypatch.setattr(Decoder, "one_call_rows", property(lambda self: 16))
+        chosen = fitted(engine, [(10, 1e-6), (10, 1e-6), (10, 1e-6)], last_chunked=10)
+        assert chosen._chunk_budget(decoding=2, joining=1, start=40) == 14
+        assert chosen._chunk_budget(decoding=8, joining=1, start=40) == 8
+        assert chosen._chunk_budget(decoding=8, joining=1, start=40, rows=11) == 5  # dummy rows count too
+        assert chosen._chunk_budget(decoding=15, joining=1, start=40) == chunkprice.MIN_CHUNK  # never fewer
+        assert chosen._chunk_budget(decoding=16, joining=1, start=40) == 15  # past it anyway: the price's
+        assert chosen._chunk_budget(decoding=0, joining=1, start=40) == scheduler.PREFILL_TOKENS
+        chosen._chunk_cost = chunkprice.ChunkCost()  # before the price is known
+        assert chosen._chunk_budget(decoding=8, joining=1, start=40) == 8 < scheduler.FIRST_CHUNK
+    finally:
+        engine.close()
+
+
 def test_a_decoding_step_is_priced_at_the_median_of_recent_ones(tiny: loader.LoadedModel) -> None:
     """A few slow decoding steps (streams starting, a busy moment) do not raise the price of every
     chunk after them, as a running mean did (it read 32 ms where the steps took 25)."""
@@ -629,10 +649,11 @@ def assert_one_call_is_the_loop(built: kernels.Kernels, dtype: torch.dtype, cach
             decoders.append(decoder)
         one, loop = decoders
         assert layerstep.LayerStep.of(one) is not None
+        assert one.one_call_rows == 8  # the 4-bit products' rows: the scheduler keeps chunks within them
         with monkeypatch.context() as python_loop:  # the loop decoder finds no one call at its first step
             python_loop.setattr(layerstep.LayerStep, "of", classmethod(lambda cls, decoder: None))
             expected = run_plans(loop, prompt)
-        assert not calls
+        assert not calls and loop.one_call_rows == 0
         got = run_plans(one, prompt)
         assert calls == [5, 5, 6, 3, 3, 3, 3, 3, 3, 3]  # all but the 14-row step
         for step, (a, b) in enumerate(zip(got, expected, strict=True)):

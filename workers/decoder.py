@@ -202,7 +202,7 @@ class Decoder(nn.Module):
     @property
     def one_call_rows(self) -> int:
         layer_step = self._one_call()
-        return 0 if layer_step is None else layer_step.rows
+        return 0 if layer_step is None else layer_step.limit
 
     def copy_prefix(self, source: int, target: int, length: int) -> None:
         self.cache.copy_prefix(source, target, length)

@@ -74,11 +74,15 @@ class LayerStep:
             products.append(four)
         return cls(decoder, built, products, rows) if rows else None
 
+    @property
+    def limit(self) -> int:
+        """The most rows a step runs here now (0 where torch's threads leave the kernels the slower choice)."""
+        return self.rows if self._built.products_run_here() and kernels.runs_here("attend") else 0
+
     def takes(self, rows: int, attending: StepRows | None) -> bool:
         """Whether a step of ``rows`` rows, all attending through the kernel (``attending``), runs here."""
-        return 0 < rows <= self.rows and attending is not None and attending.count == rows \
-            and attending.within(int(self._shape[5])) and self._built.products_run_here() \
-            and kernels.runs_here("attend")
+        return 0 < rows <= self.limit and attending is not None and attending.count == rows \
+            and attending.within(int(self._shape[5]))
 
     def __call__(self, x: Tensor, stored: tuple[np.ndarray, np.ndarray], attending: StepRows) -> Tensor:
         """The hidden states after the last layer of the embeddings ``x`` (float32 ``[rows, hidden]``,

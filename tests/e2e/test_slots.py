@@ -650,6 +650,9 @@ def assert_one_call_is_the_loop(built: kernels.Kernels, dtype: torch.dtype, cach
         one, loop = decoders
         assert layerstep.LayerStep.of(one) is not None
         assert one.one_call_rows == 8  # the 4-bit products' rows: the scheduler keeps chunks within them
+        with monkeypatch.context() as threads:  # torch on more threads than the kernels beat: no one call
+            threads.setitem(kernels.MAX_THREADS, "int8", 0)
+            assert one.one_call_rows == 0
         with monkeypatch.context() as python_loop:  # the loop decoder finds no one call at its first step
             python_loop.setattr(layerstep.LayerStep, "of", classmethod(lambda cls, decoder: None))
             expected = run_plans(loop, prompt)

@@ -226,10 +226,10 @@ async def long_and_joining(args: argparse.Namespace, stack: Stack, local: Any, t
     if len(runs) > 1:
         table.add("  each run's ratio", " / ".join(f"{last / first:.2f}" for first, last in runs))
     paired = engine.paired_steps(local.loaded.spec, Path(load_settings().model_cache), 100, args.long_tokens,
-                                 args.long_pairs)
+                                 args.long_steps)
     if paired is not None:
         short_ms, long_ms = paired
-        table.add(f"  one step at 100 / {args.long_tokens} positions ({args.long_pairs} each, in alternating blocks)",
+        table.add(f"  one step at 100 / {args.long_tokens} positions ({args.long_steps} each, in alternating blocks)",
                   f"{long_ms:.2f} ms", f"{short_ms:.2f} ms", ratio(short_ms, long_ms))
     first_rate, last_rate = await engine.long_generation(local.loaded.spec, Path(load_settings().model_cache),
                                                          prompt, args.long_tokens, kernel=False)

@@ -380,7 +380,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--long-tokens", type=int, default=1500, help="the long generation and the joining prompt")
     parser.add_argument("--long-runs", type=int, default=3,
                         help="long generations with the kernels (median ratio: a VM's speed drifts within one)")
-    parser.add_argument("--long-pairs", type=int, default=200,
+    parser.add_argument("--long-steps", type=int, default=200,
                         help="steps at each of 100 and --long-tokens positions, in blocks of 50 alternating (the long "
                              "generation without drift)")
     parser.add_argument("--startup", action="store_true", help="also time a worker's first start and restart")
@@ -391,7 +391,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if args.quick:
         args.tokens, args.repeat, args.streams, args.rounds, args.ttft_samples = 16, 2, [1, 4], 1, 3
         args.readers, args.events, args.rate, args.resumes = 50, 20, 50.0, 20
-        args.long_tokens, args.long_runs, args.long_pairs = 300, 1, 5
+        args.long_tokens, args.long_runs, args.long_steps = 300, 1, 5
     return args
 
 

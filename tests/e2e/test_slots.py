@@ -238,7 +238,7 @@ def test_a_chunk_beside_decoding_stays_within_the_rows_a_step_runs_cheapest(tiny
         assert chosen._chunk_budget(decoding=8, joining=1, start=40) == 8
         assert chosen._chunk_budget(decoding=8, joining=1, start=40, rows=11) == 5  # dummy rows count too
         assert chosen._chunk_budget(decoding=15, joining=1, start=40) == chunkprice.MIN_CHUNK  # never fewer
-        assert chosen._chunk_budget(decoding=16, joining=1, start=40) == 15  # past it anyway: the price's
+        assert chosen._chunk_budget(decoding=16, joining=1, start=40) == 15  # already past it: the price alone decides
         assert chosen._chunk_budget(decoding=0, joining=1, start=40) == scheduler.PREFILL_TOKENS
         chosen._chunk_cost = chunkprice.ChunkCost()  # before the price is known
         assert chosen._chunk_budget(decoding=8, joining=1, start=40) == 8 < scheduler.FIRST_CHUNK
@@ -734,12 +734,17 @@ def test_the_products_are_timed_past_the_largest_cache(tmp_path: Path) -> None:
 
 
 def test_the_data_read_between_timed_runs_stays_within_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    page = os.sysconf("SC_PAGE_SIZE")
+
+    def free(size: int) -> None:  # the memory the OS reports free
+        monkeypatch.setattr(os, "sysconf", lambda name: size // page if name == "SC_AVPHYS_PAGES" else page)
+
+    free(64 << 30)
     monkeypatch.setattr(precision, "last_level_cache", lambda: 64 << 20)
     assert precision._other_data().numel() * 4 == 128 << 20  # twice the last-level cache
     monkeypatch.setattr(precision, "last_level_cache", lambda: 8 << 30)
     assert precision._other_data().numel() * 4 == 1 << 30  # at most a gigabyte
-    page = os.sysconf("SC_PAGE_SIZE")
-    monkeypatch.setattr(os, "sysconf", lambda name: (40 << 20) // page if name == "SC_AVPHYS_PAGES" else page)
+    free(40 << 20)
     assert precision._other_data().numel() * 4 == 10 << 20  # at most a quarter of what is free
 
 

@@ -28,6 +28,8 @@ from torch import Tensor, nn
 from torch.nn import functional
 
 GROUP = 32  # inputs per scale of 4-bit weights (as in GGUF's Q4 formats)
+F16_TINY = 2.0 ** -24  # float16's smallest step: a 4-bit group's least scale
+F16_MAX = 65504.0
 
 
 class NativeProduct(Protocol):
@@ -164,10 +166,12 @@ def in_groups(weight: Tensor) -> Tensor:
 
 @dataclass(frozen=True)
 class Groups4:
-    """A weight's 4-bit groups as llama.cpp's Q4_1 quantises (``w = code * scale + low``, codes 0..15,
-    each group's range in 15 steps, so that a Q4_1 GGUF's weights come back exactly): quantised once
-    (a worker's start packs 120 of SmolLM2's), then checked and laid out for each kernel from that.
-    ``codes`` ``[rows, groups, GROUP]`` (float32), ``scale`` and ``low`` ``[rows, groups]``."""
+    """A weight's 4-bit groups as llama.cpp's Q4_1 quantises and holds them (``w = code * scale + low``,
+    codes 0..15, each group's range in 15 steps, scale and low in float16, so that a Q4_1 GGUF's
+    weights come back exactly): quantised once (a worker's start packs 120 of SmolLM2's), then checked
+    and laid out for each kernel from that. ``codes`` ``[rows, groups, GROUP]`` (float32), ``scale``
+    and ``low`` ``[rows, groups]`` (float32 holding float16 values: ``kernels.c`` reads them as
+    float16, a sixth fewer bytes of a step's weights than float32 scales)."""
 
     codes: Tensor
     scale: Tensor
@@ -176,8 +180,8 @@ class Groups4:
     @classmethod
     def of(cls, weight: Tensor) -> "Groups4":
         groups = in_groups(weight)
-        low, high = groups.amin(-1), groups.amax(-1)
-        scale = ((high - low) / 15).clamp(min=torch.finfo(torch.float32).tiny)
+        low, high = as_float16(groups.amin(-1)), groups.amax(-1)
+        scale = as_float16(((high - low) / 15).clamp(min=F16_TINY))
         return cls(((groups - low[..., None]) / scale[..., None]).round().clamp(0, 15), scale, low)
 
     def exact(self, weight: Tensor) -> bool:
@@ -199,10 +203,12 @@ class Groups4:
         groups to 32 bytes, byte ``j``: code ``j`` of the first group, low nibble, and of the second; a
         last odd group in 16 bytes, byte ``j``: codes ``j`` and ``j + 16``; scales and minimums ``[rows,
         groups]``), or in blocks of ``block`` rows (8 or 16: ``kernels.c``, "The blocks"; the rows padded
-        with zeros to a multiple of ``block``, scales and minimums ``[blocks, groups, block]``)."""
+        with zeros to a multiple of ``block``, scales and minimums ``[blocks, groups, block]``). Scales
+        and minimums in float16, as Q4_1 holds them."""
         if block:
             return self._blocks(block)
         rows, groups, _ = self.codes.shape
+        scale, low = self.scale.half(), self.low.half()
         codes = self.codes.to(torch.uint8)
         pairs = groups // 2
         packed = codes[:, :2 * pairs].view(rows, pairs, 2, GROUP)
@@ -210,15 +216,21 @@ class Groups4:
         if groups % 2:
             last = codes[:, -1]
             parts.append(last[:, :16] | (last[:, 16:] << 4))
-        return torch.cat(parts, dim=1).contiguous(), self.scale.contiguous(), self.low.contiguous()
+        return torch.cat(parts, dim=1).contiguous(), scale.contiguous(), low.contiguous()
 
     def _blocks(self, block: int) -> tuple[Tensor, Tensor, Tensor]:
         """Codes ``[blocks, groups * 16 block]``: per group 4 steps of ``4 block`` bytes, byte ``4 r + t``
         of step ``s`` holding row ``r``'s code ``8 s + t`` (low nibble) and ``8 s + 4 + t`` (high)."""
         codes = in_blocks(self.codes.to(torch.uint8), block, 8)  # [blocks, groups, step, row, 8]
         packed = codes[..., :4] | (codes[..., 4:] << 4)
-        return (packed.flatten(1).contiguous(), scales_in_blocks(self.scale, block),
-                scales_in_blocks(self.low, block))
+        return (packed.flatten(1).contiguous(), scales_in_blocks(self.scale.half(), block),
+                scales_in_blocks(self.low.half(), block))
+
+
+def as_float16(x: Tensor) -> Tensor:
+    """``x`` (float32) rounded to float16's values, its range clamped to float16's (an infinity would
+    make every weight of its group infinite or NaN)."""
+    return x.clamp(-F16_MAX, F16_MAX).half().float()
 
 
 def in_blocks(codes: Tensor, block: int, per_step: int) -> Tensor:

@@ -328,13 +328,14 @@ def test_the_4_bit_product_is_the_product_of_the_quantised_inputs(built: kernels
     quantised to 8 bits per 32: exactly their product (to float32 sums), odd group counts too."""
     generator = torch.Generator().manual_seed(k + rows)
     codes = torch.randint(0, 16, (n, k // 32, 32), generator=generator).float()
-    scale = torch.rand(n, k // 32, 1, generator=generator) * 0.01 + 1e-3
-    low = -torch.rand(n, k // 32, 1, generator=generator) * 0.08
+    scale = (torch.rand(n, k // 32, 1, generator=generator) * 0.01 + 1e-3).half().float()  # Q4_1's float16
+    low = (-torch.rand(n, k // 32, 1, generator=generator) * 0.08).half().float()
     codes[:, :, 0], codes[:, :, 1] = 0, 15  # each group's range is all 15 steps, as Q4_1 quantises
     weights = (codes * scale + low).view(n, k)
     packed, scales, minimums = int4_native(weights)
     assert packed.shape == (n, k // 2) and packed.dtype == torch.uint8
-    assert scales.shape == minimums.shape == (n, k // 32)
+    assert scales.shape == minimums.shape == (n, k // 32) and scales.dtype == minimums.dtype == torch.float16
+    assert torch.equal(scales.float(), scale.view(n, -1)) and torch.equal(minimums.float(), low.view(n, -1))
     x = torch.randn(rows, k, generator=generator)
     got = built.int4_weights(weights)(x)
     groups = x.view(rows, k // 32, 32)
@@ -343,6 +344,24 @@ def test_the_4_bit_product_is_the_product_of_the_quantised_inputs(built: kernels
     torch.testing.assert_close(got.double(), quantised.double() @ weights.double().T, rtol=1e-4, atol=1e-4)
     full = x.double() @ weights.double().T
     assert (got.double() - full).abs().max() < 0.02 * full.abs().max()
+
+
+def test_4_bit_groups_hold_scales_and_minimums_as_float16_does() -> None:
+    """Q4_1 holds a group's scale and minimum in float16, and so do the 4-bit groups of any weight:
+    float16's values (what kernels.c reads), each weight within half a step of its code, and finite
+    where a group is constant (its scale float16's smallest step) or past float16's range."""
+    weight = torch.randn(6, 96, generator=torch.Generator().manual_seed(2)) * 0.05
+    weight[0, :32] = 0.123456789  # constant
+    weight[1, 32:64] = 1e6  # past float16's range
+    groups = Groups4.of(weight)
+    assert torch.equal(groups.scale.half().float(), groups.scale) and torch.equal(groups.low.half().float(), groups.low)
+    restored = (groups.codes * groups.scale[..., None] + groups.low[..., None]).view(weight.shape)
+    assert torch.isfinite(restored).all() and groups.scale.min() > 0
+    usual = torch.ones_like(weight, dtype=torch.bool)
+    usual[1, 32:64] = False
+    error = (restored - weight).abs().view(6, 3, 32).amax(-1)[usual.view(6, 3, 32).all(-1)]
+    steps = groups.scale[usual.view(6, 3, 32).all(-1)]
+    assert (error <= steps * 0.51 + 1e-4).all()  # half a step; a constant group within float16's rounding
 
 
 @pytest.mark.parametrize("block", [8, 16])
@@ -369,8 +388,9 @@ def test_the_blocks_hold_each_code_where_the_products_read_it(block: int) -> Non
         byte = int(four[b, (g * 4 + c // 8) * step + 4 * row + c % 4])
         assert (byte >> 4 if c % 8 >= 4 else byte & 0x0F) == nibbles[r, g, c]
     first = (blocks - 1) * block
-    assert torch.equal(scales[-1, 2, :rows - first], scale[first:, 2]) and not scales[-1, :, rows - first:].any()
-    assert torch.equal(lows, scales_in_blocks(low, block)) and lows.shape == (blocks, groups, block)
+    assert scales.dtype == lows.dtype == torch.float16  # as Q4_1 holds them
+    assert torch.equal(scales[-1, 2, :rows - first], scale[first:, 2].half()) and not scales[-1, :, rows - first:].any()
+    assert torch.equal(lows, scales_in_blocks(low.half(), block)) and lows.shape == (blocks, groups, block)
 
 
 def _cpu_has(flag: str) -> bool:

@@ -9,7 +9,7 @@
    limit it does not take; -2 where memory for a block's work ran out.
 
    int8_*: a product with weights in 8-bit groups as GGUF's Q8_0 holds them (a code from -127 to 127
-   per weight, a scale per 32), the output layer's (workers/decoder.py); int4_product: one with
+   per weight, a float16 scale per 32), the output layer's (workers/decoder.py); int4_product: one with
    4-bit groups as Q4_1 holds them (w = code * d + m, codes 0..15, d and m in float16), the layers'
    (workers/weights.py).
    The inputs are quantised to 8 bits per 32 (int8_quantize, as llama.cpp does), so that AVX512-VNNI
@@ -1246,10 +1246,10 @@ int int8_vectorised(void) { return INT8_VECTORISED; }
    scaling and, at the end, a horizontal sum. In a block's group, step s holds 4 codes of each row (the
    4-bit ones two such sets, in the low and high nibbles): byte 4 r + t for row r, to multiply the 4
    inputs of the step broadcast to all lanes. Each row's scales (and minimums) are [blocks, groups,
-   PRODUCT_BLOCK], float32 for the 8-bit codes and float16 for the 4-bit ones (as Q4_1 holds them:
-   SmolLM2's layers 80 -> 66 MB a step; its 30 layers' products of one row 2.9 -> 2.4 ms in a C
-   harness on the AMX Xeon, docs/performance.md). The last block of a weight whose rows are not a multiple of the block is padded with
-   zeros. On AVX2, blocks of 8 rows (maddubs); on AVX512-VNNI, of 16 (vpdpbusd, its sums in 32 bits).
+   PRODUCT_BLOCK], in float16 as Q8_0 and Q4_1 hold them: SmolLM2's 4-bit layers 80 -> 66 MB a step,
+   its 30 layers' products of one row 2.9 -> 2.4 ms in a C harness on the AMX Xeon (float32 scales
+   before; docs/performance.md). The last block of a weight whose rows are not a multiple of the
+   block is padded with zeros. On AVX2, blocks of 8 rows (maddubs); on AVX512-VNNI, of 16 (vpdpbusd, its sums in 32 bits).
    SmolLM2's products on the AVX2 EPYC, in a C harness: 4-bit 1.9-2.4x faster for 1 to 16 rows than a
    row at a time; the output layer's 8-bit 1.3x for one row and 1.5x for 4 to 16 (docs/performance.md). */
 #define PRODUCT_BLOCK 8
@@ -1321,13 +1321,14 @@ void int8_quantize(const float *x, int64_t rows, int64_t k, int8_t *xq, float *d
 
 #if !PRODUCT_BLOCK
 /* One weight row against one quantised input row: sum over groups of scale * dx * (codes . xq). */
-static float int8_row(const int8_t *w, const float *s, const int8_t *xr, const float *dr, const float *cr,
+static float int8_row(const int8_t *w, const uint16_t *s16, const int8_t *xr, const float *dr, const float *cr,
                       int64_t groups) {
     float total = 0.0f;
     for (int64_t g = 0; g < groups; g++) {
         int32_t sum = 0;
+        float s = from_f16(s16[g]);
         for (int i = 0; i < GROUP; i++) sum += ((int32_t)w[g * GROUP + i] + 128) * (int32_t)xr[g * GROUP + i];
-        total += s[g] * dr[g] * (float)sum - s[g] * cr[g];
+        total += s * dr[g] * (float)sum - s * cr[g];
     }
     return total;
 }
@@ -1339,7 +1340,7 @@ static float int8_row(const int8_t *w, const float *s, const int8_t *xr, const f
    code goes in as its magnitude, the input taking its sign; a pair of products can reach 2 * 127 *
    127, so each step's sums widen to 32 bits at once. Inlined with a constant count, so that the sums
    stay in registers. */
-static inline __attribute__((always_inline)) void int8_block_rows(const int8_t *w, const float *s, const int8_t *xr,
+static inline __attribute__((always_inline)) void int8_block_rows(const int8_t *w, const uint16_t *s, const int8_t *xr,
                                                                 const float *dr, const float *cr, int64_t k,
                                                                 int64_t groups, float *out, int64_t n,
                                                                 int64_t width, const int count) {
@@ -1357,7 +1358,7 @@ static inline __attribute__((always_inline)) void int8_block_rows(const int8_t *
                 sums[i] = _mm256_add_epi32(sums[i], _mm256_madd_epi16(_mm256_maddubs_epi16(magnitudes, inputs), ones));
             }
         }
-        __m256 scales = _mm256_loadu_ps(s + g * PRODUCT_BLOCK);
+        __m256 scales = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + g * PRODUCT_BLOCK)));
         for (int i = 0; i < count; i++) {
             acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[i]),
                                      _mm256_mul_ps(scales, _mm256_broadcast_ss(dr + i * groups + g)), acc[i]);
@@ -1370,7 +1371,7 @@ static inline __attribute__((always_inline)) void int8_block_rows(const int8_t *
 /* As above with AVX512-VNNI: blocks of 16 rows, 8 steps of 64 bytes a group. vpdpbusd takes the codes
    unsigned (code + 128: the inputs' sums take the 128 back, corr) and adds each row's 4 products
    into its 32-bit lane. */
-static inline __attribute__((always_inline)) void int8_block_rows(const int8_t *w, const float *s, const int8_t *xr,
+static inline __attribute__((always_inline)) void int8_block_rows(const int8_t *w, const uint16_t *s, const int8_t *xr,
                                                                 const float *dr, const float *cr, int64_t k,
                                                                 int64_t groups, float *out, int64_t n,
                                                                 int64_t width, const int count) {
@@ -1384,7 +1385,7 @@ static inline __attribute__((always_inline)) void int8_block_rows(const int8_t *
             for (int i = 0; i < count; i++)
                 sums[i] = _mm512_dpbusd_epi32(sums[i], codes, four_inputs(xr + i * k + g * GROUP + step * 4));
         }
-        __m512 scales = _mm512_loadu_ps(s + g * PRODUCT_BLOCK);
+        __m512 scales = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(s + g * PRODUCT_BLOCK)));
         for (int i = 0; i < count; i++) {
             acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums[i]),
                                      _mm512_mul_ps(scales, _mm512_set1_ps(dr[i * groups + g])), acc[i]);
@@ -1397,7 +1398,7 @@ static inline __attribute__((always_inline)) void int8_block_rows(const int8_t *
 
 #if PRODUCT_BLOCK
 #define DEFINE_INT8_BLOCK_ROWS(COUNT)                                                                    \
-    static void int8_block_rows##COUNT(const int8_t *w, const float *s, const int8_t *xr, const float *dr, \
+    static void int8_block_rows##COUNT(const int8_t *w, const uint16_t *s, const int8_t *xr, const float *dr, \
                                        const float *cr, int64_t k, int64_t groups, float *out, int64_t n,  \
                                        int64_t width) {                                                    \
         int8_block_rows(w, s, xr, dr, cr, k, groups, out, n, width, COUNT);                                \
@@ -1408,13 +1409,13 @@ DEFINE_INT8_BLOCK_ROWS(3)
 DEFINE_INT8_BLOCK_ROWS(4)
 #endif
 
-/* out [rows, n] float32 = x . w for codes [n, k] int8 and scales [n, k / 32] float32, or in blocks
-   (above); x quantised by int8_quantize (xq, dx, corr). */
+/* out [rows, n] float32 = x . w for codes [n, k] int8 and scales [n, k / 32] float16 (as Q8_0 holds
+   them), or in blocks (above); x quantised by int8_quantize (xq, dx, corr). */
 void int8_product(const int8_t *xq, const float *dx, const float *corr, int64_t rows, const int8_t *codes,
-                  const float *scales, int64_t n, int64_t k, float *out) {
+                  const uint16_t *scales, int64_t n, int64_t k, float *out) {
     int64_t groups = k / GROUP;
 #if PRODUCT_BLOCK
-    static void (*const by_count[4])(const int8_t *, const float *, const int8_t *, const float *, const float *,
+    static void (*const by_count[4])(const int8_t *, const uint16_t *, const int8_t *, const float *, const float *,
                                      int64_t, int64_t, float *, int64_t, int64_t) = {
         int8_block_rows1, int8_block_rows2, int8_block_rows3, int8_block_rows4};
     for (int64_t b = 0; b * PRODUCT_BLOCK < n; b++) {
@@ -1578,7 +1579,7 @@ void int4_product(const int8_t *xq, const float *dx, const float *corr, int64_t 
 
 /* x [rows, k] float32 quantised here, then the product: one call per product (the calls' own cost
    mattered: 120 products a step). Returns -1 where memory for the quantised inputs ran out. */
-int int8_matmul(const float *x, int64_t rows, int64_t k, const int8_t *codes, const float *scales, int64_t n,
+int int8_matmul(const float *x, int64_t rows, int64_t k, const int8_t *codes, const uint16_t *scales, int64_t n,
                 float *out) {
     int64_t groups = k / GROUP;
     int8_t *xq = malloc((size_t)(rows * k) + 2 * sizeof(float) * (size_t)(rows * groups) + 64);

@@ -159,10 +159,14 @@ class Kernels:
 
     def int8_weights(self, codes: Tensor, scales: Tensor) -> "GroupedWeights":
         """Weights ``codes * scales`` per group of 32 inputs (``codes`` ``[n, k]`` int8, ``scales`` ``[n, k /
-        32]`` float32) for ``int8_matmul``."""
+        32]`` float32 holding float16's values, as Q8_0 holds them: ``weights.Groups8``) for
+        ``int8_matmul``, which reads the scales in float16."""
         n, k = codes.shape
-        if k % GROUP or codes.dtype != torch.int8 or scales.shape != (n, k // GROUP) or scales.dtype != torch.float32:
-            raise ValueError(f"8-bit groups of codes {tuple(codes.shape)}, scales {tuple(scales.shape)}")
+        if k % GROUP or codes.dtype != torch.int8 or scales.shape != (n, k // GROUP) or scales.dtype != torch.float32 \
+                or not torch.equal(scales.half().float(), scales):
+            raise ValueError(f"8-bit groups of codes {tuple(codes.shape)}, scales {tuple(scales.shape)} "
+                             f"({scales.dtype}, float16's values)")
+        scales = scales.half()
         if self.product_block:  # [blocks, groups, step, row, 4]
             codes = weights.in_blocks(codes.view(n, k // GROUP, GROUP), self.product_block, 4).flatten(1)
             scales = weights.scales_in_blocks(scales, self.product_block)

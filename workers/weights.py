@@ -259,9 +259,10 @@ def on_int4_grid(weight: Tensor) -> bool:
 
 @dataclass(frozen=True)
 class Groups8:
-    """A weight's 8-bit groups as llama.cpp's Q8_0 quantises (``w = code * scale``, codes -127..127 per
-    group of ``GROUP``): quantised once, then checked and laid out from that. ``values``: the codes
-    ``[rows, groups, GROUP]`` (float32), ``scale`` ``[rows, groups]``."""
+    """A weight's 8-bit groups as llama.cpp's Q8_0 quantises and holds them (``w = code * scale``, codes
+    -127..127 per group of ``GROUP``, the scale in float16): quantised once, then checked and laid out
+    from that. ``values``: the codes ``[rows, groups, GROUP]`` (float32), ``scale`` ``[rows, groups]``
+    (float32 holding float16 values, as ``Groups4``'s)."""
 
     values: Tensor
     scale: Tensor
@@ -269,7 +270,7 @@ class Groups8:
     @classmethod
     def of(cls, weight: Tensor) -> "Groups8":
         groups = in_groups(weight)
-        scale = (groups.abs().amax(-1) / 127).clamp(min=torch.finfo(torch.float32).tiny)
+        scale = as_float16((groups.abs().amax(-1) / 127).clamp(min=F16_TINY))
         return cls((groups / scale[..., None]).round().clamp(-127, 127), scale)
 
     def exact(self, weight: Tensor) -> bool:
@@ -277,8 +278,8 @@ class Groups8:
         return bool(torch.equal((self.values * self.scale[..., None]).view(weight.shape), weight))
 
     def codes(self) -> tuple[Tensor, Tensor]:
-        """The codes ``[rows, cols]`` (int8) and scales ``[rows, groups]`` (float32): a quarter of the
-        float32 weights' bytes, from which any of their rows comes back exactly."""
+        """The codes ``[rows, cols]`` (int8) and scales ``[rows, groups]`` (float32, float16's values): a
+        quarter of the float32 weights' bytes, from which any of their rows comes back exactly."""
         rows, groups, _ = self.values.shape
         return self.values.view(rows, groups * GROUP).to(torch.int8), self.scale
 

@@ -13,7 +13,7 @@ from lmsp_core.settings import load_settings
 from tests.kernelbuilds import built_for
 from workers import attention, kernels, loader
 from workers.layers import rotate
-from workers.weights import Groups4, in_blocks, int4_native, int8_codes, scales_in_blocks
+from workers.weights import Groups4, Groups8, in_blocks, int4_native, int8_codes, scales_in_blocks
 
 
 @pytest.fixture(scope="module")
@@ -317,6 +317,8 @@ def test_the_8_bit_product_refuses_what_it_cannot_take(built: kernels.Kernels) -
         built.int8_weights(codes, scales)(torch.zeros(1, 48))  # not the weights' inputs
     with pytest.raises(ValueError, match="8-bit groups"):
         built.int8_weights(codes.float(), scales)
+    with pytest.raises(ValueError, match="float16's values"):
+        built.int8_weights(codes, scales + 1e-6)  # the product reads them in float16: this would round
 
 
 # rows: 4 at a time, then 3 or 2 together, or 1; groups: 18 (8 at a time, then 2), 9 (one alone)
@@ -346,10 +348,11 @@ def test_the_4_bit_product_is_the_product_of_the_quantised_inputs(built: kernels
     assert (got.double() - full).abs().max() < 0.02 * full.abs().max()
 
 
-def test_4_bit_groups_hold_scales_and_minimums_as_float16_does() -> None:
+def test_grouped_weights_hold_their_scales_as_float16_does() -> None:
     """Q4_1 holds a group's scale and minimum in float16, and so do the 4-bit groups of any weight:
     float16's values (what kernels.c reads), each weight within half a step of its code, and finite
-    where a group is constant (its scale float16's smallest step) or past float16's range."""
+    where a group is constant (its scale float16's smallest step) or past float16's range. The same
+    for the 8-bit groups' scales (Q8_0's)."""
     weight = torch.randn(6, 96, generator=torch.Generator().manual_seed(2)) * 0.05
     weight[0, :32] = 0.123456789  # constant
     weight[1, 32:64] = 1e6  # past float16's range
@@ -362,6 +365,9 @@ def test_4_bit_groups_hold_scales_and_minimums_as_float16_does() -> None:
     error = (restored - weight).abs().view(6, 3, 32).amax(-1)[usual.view(6, 3, 32).all(-1)]
     steps = groups.scale[usual.view(6, 3, 32).all(-1)]
     assert (error <= steps * 0.51 + 1e-4).all()  # half a step; a constant group within float16's rounding
+    eight = Groups8.of(weight)  # Q8_0 holds its scales in float16 too
+    assert torch.equal(eight.scale.half().float(), eight.scale) and eight.scale.min() > 0
+    assert torch.isfinite(eight.values * eight.scale[..., None]).all()
 
 
 @pytest.mark.parametrize("block", [8, 16])

@@ -47,6 +47,12 @@ _LAST_LEVEL_CACHE = 32 << 20  # where the OS does not say
 # SmolLM2's greedy answers to ten prompts of 36-43 tokens all left the float32 model's, one at its
 # first token; six of ten did with the prompts dense: docs/performance.md)
 _INT4_ROWS = (1, 2, 4, 8, 16, 32)
+# kernels.c's 4-bit products within this much of the dense ones' time still pay: a step whose rows all
+# fit them runs its layers in one call (workers/layerstep.py), without the Python between a layer's
+# parts. On the AMX Xeon at 32 rows the products alone came within 1% of each other, so that the
+# measure read 16 at one start and 32 at the next, while a step at 32 rows took 56.7 ms on them
+# against 64.4 dense, and a new prompt's first token 31 against 47 ms (docs/performance.md)
+NATIVE_TIE = 1.1
 MERGE_CHUNK = 32  # prompt tokens of the chunk that ``merge_rows`` is measured beside
 
 
@@ -95,11 +101,13 @@ def int4_rows(cache_dir: Path, dtype: torch.dtype, native: kernels.Kernels | Non
 
     def measure() -> str:
         other = _other_data()
-        rows = _most_rows(_INT4_ROWS, lambda count: _product_seconds(dtype, count, native=native, other=other))
+        rows = _most_rows(_INT4_ROWS, lambda count: _product_seconds(dtype, count, native=native, other=other),
+                          NATIVE_TIE if native is not None else 1.0)
         logger.info("4-bit weights pay for products of up to %d rows on %s", rows, cpu_signature())
         return str(rows)
 
-    return int(_cached(cache_dir, f"{cpu_signature()} int4{_kernels(native)} from memory vs {_name(dtype)}", measure))
+    signature = f"{cpu_signature()} int4{_kernels(native)} from memory{_tie(native)} vs {_name(dtype)}"
+    return int(_cached(cache_dir, signature, measure))
 
 
 def merge_rows(cache_dir: Path, dtype: torch.dtype, packed_rows: int, native: kernels.Kernels | None = None) -> int:
@@ -122,13 +130,14 @@ def merge_rows(cache_dir: Path, dtype: torch.dtype, packed_rows: int, native: ke
     return min(packed_rows, int(_cached(cache_dir, signature, measure)))
 
 
-def _most_rows(counts: tuple[int, ...], seconds: Callable[[int], tuple[float, float]]) -> int:
+def _most_rows(counts: tuple[int, ...], seconds: Callable[[int], tuple[float, float]], tie: float = 1.0) -> int:
     """The largest of the rising ``counts`` up to which the second way (``seconds(count)``: the first
-    way's time, the second's) is the faster one (0: not even at the first)."""
+    way's time, the second's) is the faster one, or within ``tie`` times the first's (0: not even at
+    the first)."""
     rows = 0
     for count in counts:
         first, second = seconds(count)
-        if second >= first:
+        if second >= first * tie:
             break
         rows = count
     return rows
@@ -140,6 +149,11 @@ def _kernels(native: kernels.Kernels | None) -> str:
         return ""
     layout = f"blocks of {native.product_block}, " if native.product_block else ""
     return f" (kernels.c, {layout}float16 scales)"  # float16 scales: a sixth fewer bytes than float32
+
+
+def _tie(native: kernels.Kernels | None) -> str:
+    """In the cache's key of ``int4_rows``: how close kernels.c's products may come and still pay."""
+    return f", within {NATIVE_TIE}x" if native is not None else ""
 
 
 def _name(dtype: torch.dtype) -> str:

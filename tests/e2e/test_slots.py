@@ -714,6 +714,13 @@ def test_how_many_rows_4_bit_products_pay_for_is_measured_once(tmp_path: Path,
     # figures for kernels.c's products are kept apart from those for torch's kernel
     assert precision.int4_rows(tmp_path, torch.float32, native) == 0
     assert len(json.loads((tmp_path / "precision.json").read_text())) == 3
+    # within NATIVE_TIE of the dense products, kernels.c's still pay (their step runs in one call);
+    # torch's kernel's do not
+    fake_timings(monkeypatch, "_product_seconds", lambda rows: (1.0, 1.0 if rows <= 4 else 1.05))
+    assert precision.int4_rows(tmp_path, torch.float16, native) == 32
+    assert precision.int4_rows(tmp_path, torch.float16) == 0
+    fake_timings(monkeypatch, "_product_seconds", lambda rows: (1.0, 1.05 if rows <= 4 else 1.2))
+    assert precision.int4_rows(tmp_path / "again", torch.float16, native) == 4
     assert all(packed.native is not None for _, packed in precision._layers(torch.float32, 2, native))
     dense, packed = real(torch.float32, 2, rounds=1, native=native)
     assert dense > 0 and packed > 0

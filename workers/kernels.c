@@ -1249,7 +1249,8 @@ int int8_vectorised(void) { return INT8_VECTORISED; }
    PRODUCT_BLOCK], in float16 as Q8_0 and Q4_1 hold them: SmolLM2's 4-bit layers 80 -> 66 MB a step,
    its 30 layers' products of one row 2.9 -> 2.4 ms in a C harness on the AMX Xeon (float32 scales
    before; docs/performance.md). The last block of a weight whose rows are not a multiple of the
-   block is padded with zeros. On AVX2, blocks of 8 rows (maddubs); on AVX512-VNNI, of 16 (vpdpbusd, its sums in 32 bits).
+   block is padded with zeros. On AVX2, blocks of 8 rows (maddubs); on AVX512-VNNI, of 16 (vpdpbusd,
+   its sums in 32 bits).
    SmolLM2's products on the AVX2 EPYC, in a C harness: 4-bit 1.9-2.4x faster for 1 to 16 rows than a
    row at a time; the output layer's 8-bit 1.3x for one row and 1.5x for 4 to 16 (docs/performance.md). */
 #define PRODUCT_BLOCK 8
@@ -1273,10 +1274,10 @@ static inline __m256i four_inputs(const int8_t *x) {
 }
 #elif PRODUCTS_VNNI
 #define PRODUCT_BLOCK 16 /* the blocks (above), a row's 4 codes to each of a vector's 16 lanes */
-/* The 4-bit codes fetched this many bytes ahead of those being read, their scales as many groups ahead
-   (SmolLM2's layers were 80 MB a step then, 66 with float16 scales, beyond the caches: 30 layers' products of one row 8-20% faster in four runs on
-   the AVX512-BF16 EPYC of family 25, none with 8,192; the 8-bit output layer no faster, so not
-   there) */
+/* The 4-bit codes fetched this many bytes ahead of those being read, their scales as many groups
+   ahead (SmolLM2's layers were 80 MB a step then, 66 with float16 scales, beyond the caches: 30
+   layers' products of one row 8-20% faster in four runs on the AVX512-BF16 EPYC of family 25, none
+   with 8,192; the 8-bit output layer no faster, so not there) */
 #define CODES_AHEAD 1024
 
 static inline void store_block(float *out, __m512 sums, int64_t width) {
@@ -1321,8 +1322,8 @@ void int8_quantize(const float *x, int64_t rows, int64_t k, int8_t *xq, float *d
 
 #if !PRODUCT_BLOCK
 /* One weight row against one quantised input row: sum over groups of scale * dx * (codes . xq). */
-static float int8_row(const int8_t *w, const uint16_t *s16, const int8_t *xr, const float *dr, const float *cr,
-                      int64_t groups) {
+static float int8_row(const int8_t *w, const uint16_t *s16, const int8_t *xr, const float *dr,
+                      const float *cr, int64_t groups) {
     float total = 0.0f;
     for (int64_t g = 0; g < groups; g++) {
         int32_t sum = 0;
@@ -1441,8 +1442,8 @@ void int8_product(const int8_t *xq, const float *dx, const float *corr, int64_t 
 /* One weight row of 4-bit groups, packed two groups to 32 bytes (byte j: code j of the first group in
    the low nibble, of the second in the high one; a last odd group alone in 16 bytes, byte j: codes j
    and j + 16), against one quantised input row. The minimums take the inputs' sums (corr / 128). */
-static float int4_row(const uint8_t *w, const uint16_t *d16, const uint16_t *m16, const int8_t *xr, const float *dr,
-                      const float *cr, int64_t groups) {
+static float int4_row(const uint8_t *w, const uint16_t *d16, const uint16_t *m16, const int8_t *xr,
+                      const float *dr, const float *cr, int64_t groups) {
     float total = 0.0f, d[2], m[2];
     for (int64_t g = 0; g < groups; g++) {
         const uint8_t *b = w + g * 16;
@@ -1490,7 +1491,8 @@ static inline __attribute__((always_inline)) void int4_block_rows(const uint8_t 
             }
         }
         __m256 scales = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(d + g * PRODUCT_BLOCK)));
-        __m256 minimums = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(m + g * PRODUCT_BLOCK))), eighth);
+        __m256 minimums =
+            _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(m + g * PRODUCT_BLOCK))), eighth);
         for (int i = 0; i < count; i++) {
             __m256 exact = _mm256_cvtepi32_ps(_mm256_madd_epi16(sums[i], ones));
             acc[i] = _mm256_fmadd_ps(exact, _mm256_mul_ps(scales, _mm256_broadcast_ss(dr + i * groups + g)), acc[i]);
@@ -1524,7 +1526,8 @@ static inline __attribute__((always_inline)) void int4_block_rows(const uint8_t 
         _mm_prefetch((const char *)(d + g * PRODUCT_BLOCK) + CODES_AHEAD / 4, _MM_HINT_T0);
         _mm_prefetch((const char *)(m + g * PRODUCT_BLOCK) + CODES_AHEAD / 4, _MM_HINT_T0);
         __m512 scales = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(d + g * PRODUCT_BLOCK)));
-        __m512 minimums = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(m + g * PRODUCT_BLOCK))), eighth);
+        __m512 minimums =
+            _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(m + g * PRODUCT_BLOCK))), eighth);
         for (int i = 0; i < count; i++) {
             acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums[i]), _mm512_mul_ps(scales, _mm512_set1_ps(dr[i * groups + g])),
                                      acc[i]);
@@ -1549,7 +1552,8 @@ DEFINE_INT4_BLOCK_ROWS(4)
 #endif
 
 /* out [rows, n] float32 = x . w for 4-bit groups: codes [n, 16 * groups] packed as int4_row takes
-   them, d and m [n, groups] float32, or in blocks (above); x quantised by int8_quantize. */
+   them, d and m [n, groups] float16 (as Q4_1 holds them), or in blocks (above); x quantised by
+   int8_quantize. */
 void int4_product(const int8_t *xq, const float *dx, const float *corr, int64_t rows, const uint8_t *codes,
                   const uint16_t *d, const uint16_t *m, int64_t n, int64_t k, float *out) {
     int64_t groups = k / GROUP;

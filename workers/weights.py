@@ -28,7 +28,7 @@ from torch import Tensor, nn
 from torch.nn import functional
 
 GROUP = 32  # inputs per scale of 4-bit weights (as in GGUF's Q4 formats)
-F16_TINY = 2.0 ** -24  # float16's smallest step: a 4-bit group's least scale
+F16_TINY = 2.0 ** -24  # float16's smallest step: a group's least scale
 F16_MAX = 65504.0
 
 

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+import numpy as np
 import torch
 
 from lmsp_core import wire
@@ -95,22 +96,38 @@ async def long_generation(spec: Any, cache: Path, prompt: list[int], tokens: int
     return 99 / (times[99] - times[0]), 99 / (times[-1] - times[-100])
 
 
-def paired_steps(spec: Any, cache: Path, short: int, long: int, steps: int,
-                 block: int = 50) -> tuple[float, float] | None:
+@dataclasses.dataclass(frozen=True)
+class PairedSteps:
+    """One-row decoding steps at two positions of one slot, and reading their bytes alone."""
+
+    short_ms: float
+    long_ms: float
+    short_bytes: int  # what each step reads (``Decoder.step_bytes``)
+    long_bytes: int
+    short_read_ms: float  # reading as many bytes alone, one thread (``read_ms``)
+    long_read_ms: float
+
+
+def paired_steps(spec: Any, cache: Path, short: int, long: int, steps: int, block: int = 50) -> PairedSteps | None:
     """Milliseconds of a one-row decoding step at position ``short`` and at ``long`` of one slot (its
     keys and values written once, up to ``long``), medians of ``steps`` each, run in blocks of
     ``block`` steps at one position then the other: what the long generation's ratio measures,
     without the VM's drift over the seconds between a generation's first and last tokens. Blocks,
     not single steps: a step right after one at 1,500 positions runs slower than one after its like
     (SmolLM2 on the Zen 4 EPYC, in the same run: single steps alternating read 0.83-0.85, blocks of 100
-    0.77-0.83, a generation's own measure 0.73-0.82; docs/performance.md). None where the model does
-    not run on the slot decoder."""
+    0.77-0.83, a generation's own measure 0.73-0.82; docs/performance.md). Between the blocks, as many
+    bytes as each step reads are read alone, from one buffer as large as the longer step's
+    (``read_ms``): what a step bound by its reads would take at one thread's pace. None where the
+    model does not run on the slot decoder."""
     loaded = loader.load(spec, cache)
     model = slot_model(loaded, compile=False)
     if not isinstance(model, Decoder) or long >= loaded.spec.context_window:
         return None
     tokens = torch.randint(3, model.vocab, (long + 1,), generator=torch.Generator().manual_seed(long)).tolist()
     times: dict[int, list[float]] = {short: [], long: []}
+    reads: dict[int, list[float]] = {short: [], long: []}
+    sizes = {position: model.step_bytes(position) for position in (short, long)}
+    words = torch.ones(sizes[long] // 8, dtype=torch.int64).numpy().view(np.uint64)  # torch's memory, as a step's
     with torch.inference_mode():
         for start in range(0, long, 256):
             end = min(long, start + 256)
@@ -121,7 +138,21 @@ def paired_steps(spec: Any, cache: Path, short: int, long: int, steps: int,
                     started = time.perf_counter()
                     model.run(StepPlan(feeds=[Feed(0, tokens[position], position)]))
                     times[position].append(time.perf_counter() - started)
-    return statistics.median(times[short]) * 1000, statistics.median(times[long]) * 1000
+            for position in (short, long):
+                reads[position] += read_ms(words[:sizes[position] // 8], block // 5 or 1)
+    return PairedSteps(statistics.median(times[short]) * 1000, statistics.median(times[long]) * 1000,
+                       sizes[short], sizes[long], statistics.median(reads[short]), statistics.median(reads[long]))
+
+
+def read_ms(words: np.ndarray, times: int) -> list[float]:
+    """Milliseconds to read ``words`` once, ``times`` times over, on this thread: numpy's maximum of
+    64-bit words reads as fast as a C loop of AVX512 loads (26-27 GB/s from 98 MB on the AMX Xeon)."""
+    taken = []
+    for _ in range(times):
+        started = time.perf_counter()
+        words.max()
+        taken.append((time.perf_counter() - started) * 1000)
+    return taken
 
 
 async def first_token_seconds(spec: Any, cache: Path, prompt: list[int], samples: int) -> float:

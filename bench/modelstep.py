@@ -228,9 +228,13 @@ async def long_and_joining(args: argparse.Namespace, stack: Stack, local: Any, t
     paired = engine.paired_steps(local.loaded.spec, Path(load_settings().model_cache), 100, args.long_tokens,
                                  args.long_steps)
     if paired is not None:
-        short_ms, long_ms = paired
         table.add(f"  one step at 100 / {args.long_tokens} positions ({args.long_steps} each, in alternating blocks)",
-                  f"{long_ms:.2f} ms", f"{short_ms:.2f} ms", ratio(short_ms, long_ms))
+                  f"{paired.long_ms:.2f} ms", f"{paired.short_ms:.2f} ms", ratio(paired.short_ms, paired.long_ms))
+        # what a step bound by reading its weights and cache would take, whatever its code
+        megabytes = f"{paired.short_bytes / 1e6:.1f} / {paired.long_bytes / 1e6:.1f} MB"
+        table.add(f"  reading those steps' bytes alone ({megabytes}, one thread)",
+                  f"{paired.long_read_ms:.2f} ms", f"{paired.short_read_ms:.2f} ms",
+                  ratio(paired.short_read_ms, paired.long_read_ms))
     first_rate, last_rate = await engine.long_generation(local.loaded.spec, Path(load_settings().model_cache),
                                                          prompt, args.long_tokens, kernel=False)
     table.add("  the same with torch's attention for decoding rows (not kernels.c)", f"{last_rate:.1f}",

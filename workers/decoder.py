@@ -192,6 +192,17 @@ class Decoder(nn.Module):
     def vocab(self) -> int:
         return int(self.lm_head.weight.shape[0])
 
+    def step_bytes(self, positions: int) -> int:
+        """Bytes a one-row decoding step at ``positions`` reads: the weights its products run on (4-bit
+        or 8-bit groups where packed), its norms, and the keys and values of ``positions`` positions.
+        Where a step is bound by memory, what its time follows (docs/performance.md)."""
+        weights = self.output.decoding_bytes + self.norm.nbytes
+        for layer in self.typed_layers:
+            weights += layer.input_norm.nbytes + layer.post_norm.nbytes
+            weights += sum(linear.decoding_bytes for linear in (layer.qkv, layer.o, layer.gate_up, layer.down))
+            weights += sum(norm.nbytes for norm in (layer.q_norm, layer.k_norm) if norm is not None)
+        return weights + positions * self.cache.position_bytes
+
     def release(self, slot: int) -> None:
         pass  # nothing to free: the next sequence in the slot overwrites what it uses
 

@@ -47,7 +47,7 @@ def slot_model(loaded: LoadedModel, compile: bool) -> SlotModel:
             packed = decoder.pack_int4(loaded.exact_weights, loaded.int4_rows, lossless_only=spec.weights == "auto",
                                        merge_rows=loaded.merge_rows)
             logger.info("model %s: decoding on %s weights, the output layer on %s", spec.id,
-                        "4-bit" if packed else "dense", decoder.lm_head.packing)
+                        "4-bit" if packed else "dense", decoder.output.packing)
             loaded.exact_weights.clear()
         if loaded.device.type == "cpu" and can_prepack(loaded.dtype):
             decoder.prepack()
@@ -158,6 +158,10 @@ class Engine:
     def _warm_up(self) -> None:
         try:
             warm_up(self.model, self.compile)
+            if isinstance(self.model, Decoder):  # after steps: the output layer's codes are in place
+                weights, position = self.model.step_bytes(0), self.model.cache.position_bytes
+                logger.info("model %s: a decoding step reads %.1f MB of weights and %.1f KB of keys and values a "
+                            "position", self.loaded.spec.id, weights / 1e6, position / 1e3)
         except BaseException as exc:
             logger.exception("model %s: warming up failed", self.loaded.spec.id)
             self._warm_error = exc

@@ -192,6 +192,10 @@ class GroupedWeights:
         self._tensors = tuple(t.contiguous() for t in tensors)  # kept: the pointers point into them
         self.pointers = tuple(t.data_ptr() for t in self._tensors)  # codes, scales (and minimums: 4 bits)
 
+    @property
+    def nbytes(self) -> int:
+        return sum(t.nbytes for t in self._tensors)
+
     def __call__(self, x: Tensor) -> Tensor:
         if x.dtype != torch.float32 or not x.is_contiguous():
             x = x.float().contiguous()

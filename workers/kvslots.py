@@ -111,7 +111,9 @@ class KvSlots(nn.Module):
         for i in range(layers):
             self.register_buffer(f"k{i}", lazy_zeros(shape, dtype, device), persistent=False)
             self.register_buffer(f"v{i}", lazy_zeros(shape, dtype, device), persistent=False)
-        self.nbytes = 2 * layers * int(np.prod(shape)) * torch.empty((), dtype=dtype).element_size()
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        self.nbytes = 2 * layers * int(np.prod(shape)) * itemsize
+        self.position_bytes = 2 * layers * kv_heads * head_dim * itemsize  # one position of one slot
 
     def layer(self, i: int) -> tuple[Tensor, Tensor]:
         return getattr(self, f"k{i}"), getattr(self, f"v{i}")

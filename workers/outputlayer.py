@@ -28,6 +28,27 @@ class OutputLayer:
     def vocab(self) -> int:
         return int(self.linear.weight.shape[0])
 
+    @property
+    def packing(self) -> str:
+        """What one row's logits run on, in words."""
+        return "8-bit groups through kernels.c" if self._through_kernels() else self.linear.packing
+
+    @property
+    def decoding_bytes(self) -> int:
+        """Bytes one row's logits read from the weights: the 8-bit codes ``kernels.c`` multiplies (with
+        float16 scales, as it holds them), else the linear's (the refined rows' few aside)."""
+        if self._int8 is not None:
+            return self._int8.nbytes
+        if self._codes is not None and self._through_kernels():
+            codes, scales = self._codes
+            return codes.nbytes + 2 * scales.numel()
+        return self.linear.decoding_bytes
+
+    def _through_kernels(self) -> bool:
+        """Whether one row's logits come from the 8-bit codes through ``kernels.c`` (``_int8_logits``)."""
+        return self._int8 is not None or (self._codes is not None and self.kernels is not None
+                                          and self.kernels.products_run_here())
+
     def pack(self, source: Tensor, rows: int, lossless_only: bool, native: bool) -> None:
         """The output layer on 4-bit or 8-bit groups, whichever holds its weights exactly (GGUF models
         mostly keep it in Q8_0); without ``lossless_only``, on 8-bit groups. An 8-bit product costs

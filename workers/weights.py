@@ -37,6 +37,10 @@ class NativeProduct(Protocol):
 
     def __call__(self, x: Tensor) -> Tensor: ...
 
+    @property
+    def nbytes(self) -> int:
+        """What a product reads of the weights: codes, scales (and minimums)."""
+
 
 def frozen(tensor: Tensor) -> nn.Parameter:
     return nn.Parameter(tensor.detach(), requires_grad=False)
@@ -73,6 +77,18 @@ class Linear(nn.Module):
     def packing(self) -> str:
         """What the decoding products run on, in words."""
         return "dense weights" if not self.packed else "8-bit groups" if self.inputs_twice else "4-bit groups"
+
+    @property
+    def decoding_bytes(self) -> int:
+        """Bytes a product of one row reads: the 4-bit or 8-bit groups where it runs on them, else the
+        dense weights (a prepacked layout holds as many)."""
+        if self.native is not None:
+            read = self.native.nbytes
+        elif self.int4 is not None and self.scales_zeros is not None:
+            read = self.int4.nbytes + self.scales_zeros.nbytes
+        else:
+            read = self.weight.nbytes
+        return read + (0 if self.bias is None else self.bias.nbytes)
 
     def prepack(self, rows_hint: int) -> None:
         """Lay the weights out for the CPU's matrix library, for products of about ``rows_hint`` rows

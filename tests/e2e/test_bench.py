@@ -20,6 +20,7 @@ def test_throughput_benchmark_runs_and_reports_every_figure() -> None:
                 "fan-out: API CPU per 1,000 delivered events", "API memory per idle open stream",
                 "resume: Last-Event-ID to first replayed event", "Redis bytes per stored event",
                 "transformers serve", "1 stream: vs llama.cpp", "long generation (", "one step at 100 / 300 positions",
+                "reading those steps' bytes alone (",
                 "prompt joins: inter-token delay p99", "then another long prompt"):
         assert row in table, table
     assert "GAPS" not in table and "STREAMS ENDED" not in table

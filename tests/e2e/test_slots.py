@@ -593,6 +593,50 @@ def test_on_one_thread_the_4_bit_layers_run_through_kernels_c() -> None:
     assert 0 < error <= 2 * float((baseline - expected).norm() / expected.norm())
 
 
+def test_a_steps_bytes_are_the_weights_its_products_read_and_its_positions_keys_and_values() -> None:
+    """``Decoder.step_bytes`` (the bytes the benchmark reads beside a long generation's steps): dense
+    weights as they are; 4-bit groups at 5/8 of a byte a weight (half a byte, and two 16-bit numbers a
+    group of 32: torch's packing and kernels.c's alike); an 8-bit output layer through kernels.c at 17/16
+    (a code, and a float16 scale a group); and the cache's bytes a position."""
+    model, exact = q4_layers_model()
+    config = model.config
+    in_layers = [(name, p) for name, p in model.named_parameters() if name.startswith("model.layers.")]
+    layers = sum(p.nbytes for _, p in in_layers)
+    weights_in_products = sum(p.numel() for _, p in in_layers if p.dim() == 2)
+    rest = model.lm_head.weight.nbytes + model.model.norm.weight.nbytes
+    position = 2 * config.num_hidden_layers * config.num_key_value_heads * config.hidden_size \
+        // config.num_attention_heads * 2  # keys and values in float16
+    dense = Decoder(model, slots=2, positions=256, cache_dtype=torch.float16)
+    assert dense.cache.position_bytes == position
+    assert dense.step_bytes(0) == layers + rest
+    assert dense.step_bytes(100) == layers + rest + 100 * position
+    in_4_bits = layers - 4 * weights_in_products + weights_in_products * 5 // 8
+    through_torch = Decoder(model, slots=2, positions=256, cache_dtype=torch.float16)
+    assert through_torch.pack_int4(exact, rows=4, lossless_only=True)
+    assert through_torch.step_bytes(100) == in_4_bits + rest + 100 * position
+    built = kernels.load(shared_kernel_dir())
+    if built is None or not built.int8_vectorised:
+        return  # kernels.c's products are vectorised with AVX2 or AVX512-VNNI only
+    with one_thread():
+        through_c = Decoder(model, slots=2, positions=256, cache_dtype=torch.float16)
+        through_c.use_kernels(built)
+        assert through_c.pack_int4(exact, rows=4, lossless_only=True)
+        assert through_c.step_bytes(100) == in_4_bits + rest + 100 * position
+        q8_model, q8_exact = q8_output_model()
+        output = q8_model.lm_head.weight
+        q8 = Decoder(q8_model, slots=2, positions=256)
+        q8.use_kernels(built)
+        q8.pack_int4(q8_exact, rows=4, lossless_only=True)
+        in_8_bits = output.numel() * 17 // 16
+        assert q8.output.decoding_bytes == in_8_bits  # before its first use too
+        assert q8.output.packing == "8-bit groups through kernels.c"
+        assert through_c.output.packing == "dense weights"  # off the 8-bit grid
+        decode_greedy(q8, list(range(10, 20)), 2)
+        assert q8.output.decoding_bytes == in_8_bits
+        assert q8.step_bytes(0) == sum(p.nbytes for _, p in q8_model.named_parameters()) - output.nbytes \
+            - q8_model.model.embed_tokens.weight.nbytes + in_8_bits
+
+
 def run_plans(decoder: Decoder, prompt: list[int]) -> list[torch.Tensor]:
     """The logits of a run of steps: a prompt in chunks, decoding beside another prompt's chunks (a
     dummy row 0 among them), a chunk too many rows for the 4-bit products (8), then decoding alone."""

@@ -37,17 +37,18 @@ class OutputLayer:
     def decoding_bytes(self) -> int:
         """Bytes one row's logits read from the weights: the 8-bit codes ``kernels.c`` multiplies (with
         float16 scales, as it holds them), else the linear's (the refined rows' few aside)."""
+        if not self._through_kernels():
+            return self.linear.decoding_bytes
         if self._int8 is not None:
             return self._int8.nbytes
-        if self._codes is not None and self._through_kernels():
-            codes, scales = self._codes
-            return codes.nbytes + 2 * scales.numel()
-        return self.linear.decoding_bytes
+        assert self._codes is not None
+        codes, scales = self._codes
+        return codes.nbytes + 2 * scales.numel()
 
     def _through_kernels(self) -> bool:
-        """Whether one row's logits come from the 8-bit codes through ``kernels.c`` (``_int8_logits``)."""
-        return self._int8 is not None or (self._codes is not None and self.kernels is not None
-                                          and self.kernels.products_run_here())
+        """Whether a few rows' logits come from the 8-bit codes through ``kernels.c`` (``_int8_logits``)."""
+        return self.kernels is not None and (self._codes is not None or self._int8 is not None) \
+            and self.kernels.products_run_here()
 
     def pack(self, source: Tensor, rows: int, lossless_only: bool, native: bool) -> None:
         """The output layer on 4-bit or 8-bit groups, whichever holds its weights exactly (GGUF models
@@ -107,9 +108,9 @@ class OutputLayer:
         per 32: about as close as the 4-bit kernel's bfloat16 inputs, refined the same way), where it beats
         the 4-bit kernel run twice (AVX2 or AVX512-VNNI, one thread, as few rows as that takes); else None."""
         built, codes = self.kernels, self._codes
-        if built is None or (codes is None and self._int8 is None) or not built.products_run_here() \
-                or torch.compiler.is_compiling() or hidden.shape[0] > self.linear.int4_rows:
+        if not self._through_kernels() or torch.compiler.is_compiling() or hidden.shape[0] > self.linear.int4_rows:
             return None
+        assert built is not None
         if codes is not None:  # kernels.c keeps a copy of its own (in blocks): this one goes
             self._int8, self._codes = built.int8_weights(*codes), None
         assert self._int8 is not None

@@ -111,9 +111,8 @@ class KvSlots(nn.Module):
         for i in range(layers):
             self.register_buffer(f"k{i}", lazy_zeros(shape, dtype, device), persistent=False)
             self.register_buffer(f"v{i}", lazy_zeros(shape, dtype, device), persistent=False)
-        itemsize = torch.empty((), dtype=dtype).element_size()
-        self.nbytes = 2 * layers * int(np.prod(shape)) * itemsize
-        self.position_bytes = 2 * layers * kv_heads * head_dim * itemsize  # one position of one slot
+        # one position of one slot, keys and values of every layer
+        self.position_bytes = 2 * layers * kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
 
     def layer(self, i: int) -> tuple[Tensor, Tensor]:
         return getattr(self, f"k{i}"), getattr(self, f"v{i}")

@@ -1,5 +1,5 @@
 # One image for the API and the workers. On GPU hosts the ordinary torch wheel (CUDA) is used.
-# gcc: a CPU worker builds its attention kernel for the host's CPU at its first start (workers/attention.py).
+# gcc: a CPU worker builds its attention kernel for the host's CPU at its first start (workers/model/cpu/attention.py).
 FROM python:3.11-slim
 WORKDIR /app
 RUN apt-get update -qq && apt-get install -y -qq --no-install-recommends redis-tools gcc libc6-dev && rm -rf /var/lib/apt/lists/*

@@ -10,7 +10,6 @@ principal ``local`` with every grantable scope. It is accepted only when the API
 address (``check_exposure``).
 """
 
-import ipaddress
 import logging
 from typing import Any
 
@@ -30,15 +29,6 @@ logger = logging.getLogger(__name__)
 LOCAL = Identity("local", frozenset(credentials.GRANTABLE))
 
 
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
-
-
 class OpenOnNetwork(SystemExit):
     """Raised at start-up: ``LMSP_AUTH=none`` on an address other hosts can reach."""
 
@@ -46,7 +36,7 @@ class OpenOnNetwork(SystemExit):
 def check_exposure(settings: Settings) -> None:
     if settings.auth != "none":
         return
-    if not is_loopback(settings.host):
+    if not settings.host_is_loopback:
         raise OpenOnNetwork(f"refusing to start: LMSP_AUTH=none on {settings.host}, which is not a loopback "
                             "address; use LMSP_AUTH=tokens (and `lmsp token create`) or bind 127.0.0.1")
     logger.warning("authentication is off (LMSP_AUTH=none): every request acts for principal %r; "

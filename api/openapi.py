@@ -16,11 +16,10 @@ from litestar.openapi.spec import Example
 
 from api import streamdoc
 from api.bodies import StructDoc
-from api.problems import MEDIA_TYPE
 from lmsp_core import wire
 from lmsp_core.requests import extensions
 from lmsp_core.store.tasks import ListCursor
-from lmsp_core.wire.errors import problem
+from lmsp_core.wire.errors import PROBLEM_MEDIA_TYPE, problem
 
 TASK_ID = "task_01J8M6Q4W2T7N5R3V9X1Z8B0DF"
 RESPONSE_ID = "resp_01J8M6Q4W2T7N5R3V9X1Z8B0DF"
@@ -165,7 +164,7 @@ def problems(*codes: str) -> dict[int, ResponseSpec]:
         status, title, detail = _PROBLEMS[code]
         by_status.setdefault(status, []).append(
             LiteralExample(id=code, summary=code, value=_value(problem(status, code, title, detail))))
-    return {status: ResponseSpec(data_container=wire.Problem, media_type=MEDIA_TYPE, examples=examples,
+    return {status: ResponseSpec(data_container=wire.Problem, media_type=PROBLEM_MEDIA_TYPE, examples=examples,
                                  description=f"{_STATUS_TEXT[status]}: an RFC 9457 problem document",
                                  generate_examples=False)
             for status, examples in by_status.items()}

@@ -19,11 +19,9 @@ from redis.exceptions import RedisError
 from api.openai import errors as openai_errors
 from api.openai import is_openai_path
 from lmsp_core import wire
-from lmsp_core.wire.errors import LmspError, ServiceUnavailable, problem
+from lmsp_core.wire.errors import PROBLEM_MEDIA_TYPE, LmspError, ServiceUnavailable, problem
 
 logger = logging.getLogger(__name__)
-
-MEDIA_TYPE = "application/problem+json"
 
 # codes for errors that Litestar raises itself
 _STATUS_CODES = {
@@ -44,7 +42,7 @@ _STATUS_CODES = {
 
 
 def problem_response(body: wire.Problem, headers: dict[str, str] | None = None) -> Response[bytes]:
-    return Response(content=msgspec.json.encode(body), status_code=body.status, media_type=MEDIA_TYPE,
+    return Response(content=msgspec.json.encode(body), status_code=body.status, media_type=PROBLEM_MEDIA_TYPE,
                     headers=headers or {})
 
 
@@ -100,7 +98,7 @@ async def problems_only(response: Response[Any]) -> Response[Any]:
     """App-wide ``after_request`` hook: an error a handler answers itself rather than raises (such
     as Litestar's HTML 404 page under /schema) becomes a problem document too."""
     status = response.status_code
-    if status is None or status < 400 or response.media_type == MEDIA_TYPE:  # None: the handler's default
+    if status is None or status < 400 or response.media_type == PROBLEM_MEDIA_TYPE:  # None: the handler's default
         return response
     body = problem(status, _STATUS_CODES.get(status, f"http_{status}"), _phrase(status), f"{_phrase(status)}.")
     return problem_response(body, {k: v for k, v in response.headers.items() if k.lower() != "content-type"})

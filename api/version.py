@@ -10,8 +10,7 @@ from litestar.response.base import ASGIResponse
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.openai import is_openai_path
-from api.problems import MEDIA_TYPE
-from lmsp_core.wire.errors import InvalidRequest
+from lmsp_core.wire.errors import PROBLEM_MEDIA_TYPE, InvalidRequest
 
 HEADER = "LMSP-Version"
 VERSION = "1.0"
@@ -34,7 +33,7 @@ class VersionMiddleware(ASGIMiddleware):
             error = InvalidRequest(f"LMSP-Version {requested!r} is not supported; this service speaks {VERSION}.",
                                    code="unsupported_version")
             refusal = ASGIResponse(body=msgspec.json.encode(error.problem()), status_code=error.status,
-                                   media_type=MEDIA_TYPE)
+                                   media_type=PROBLEM_MEDIA_TYPE)
             await refusal(scope, receive, send)
             return
         await next_app(scope, receive, send)

@@ -27,10 +27,10 @@ from lmsp_core.requests.catalog import Catalog
 from lmsp_core.requests.chat import PromptRenderer
 from lmsp_core.requests.closing import GrammarTokenizer
 from lmsp_core.settings import load_settings
-from workers import loader
-from workers.constraints import GrammarConstraint, tokenizer_for
-from workers.engine import Engine, Generation
-from workers.sampling import RowSampler, SamplingParams
+from workers.engine.core import Engine, Generation
+from workers.engine.sampling import RowSampler, SamplingParams
+from workers.model import loader
+from workers.output.grammar import GrammarConstraint, tokenizer_for
 
 # strings longer than any budget here: no sequence can end (close its JSON) before its budget
 LONG_TEXT = {"type": "string", "minLength": 4096, "maxLength": 100000}

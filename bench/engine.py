@@ -10,7 +10,7 @@ Every stream runs to its budget (no stop tokens), greedy, from its own prompt. `
 each setting on the dense weights and on the 4-bit ones (a CPU; ``weights.pack_int4``); on a CPU the
 4-bit decoding's greedy answer to the README prompt is checked against the float32 model's.
 ``--launch-ahead both`` runs each setting with decoding steps run one at a time and launched ahead
-(``workers.scheduler``; the engine's default: ahead on a GPU only).
+(``workers.engine.scheduler``; the engine's default: ahead on a GPU only).
 """
 
 import argparse
@@ -33,11 +33,12 @@ from lmsp_core import wire
 from lmsp_core.requests.catalog import Catalog
 from lmsp_core.requests.chat import PromptRenderer
 from lmsp_core.settings import load_settings
-from workers import loader
-from workers.decoder import Decoder
-from workers.engine import Engine, Generation, slot_model
-from workers.kvslots import Chunk, Feed, StepPlan
-from workers.sampling import RowSampler, SamplingParams
+from workers.engine.core import Engine, Generation
+from workers.engine.sampling import RowSampler, SamplingParams
+from workers.model import loader
+from workers.model.build import slot_model
+from workers.model.decoder import Decoder
+from workers.model.plan import Chunk, Feed, StepPlan
 
 README_PROMPT = "Describe a local model service in one sentence."  # README, "Try it"
 
@@ -79,7 +80,7 @@ async def long_generation(spec: Any, cache: Path, prompt: list[int], tokens: int
                           kernel: bool = True) -> tuple[float, float]:
     """tokens/s over the first 100 and the last 100 tokens of one ``tokens``-token greedy generation
     (no stop tokens: it runs to its budget), on an engine of its own; without ``kernel``, decoding
-    rows attend through torch rather than ``workers/kernels.c`` (the baseline of that kernel)."""
+    rows attend through torch rather than ``workers/model/cpu/kernels.c`` (the baseline of that kernel)."""
     engine = Engine(loader.load(spec, cache))
     runner = asyncio.create_task(engine.run())
     try:

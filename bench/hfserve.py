@@ -16,9 +16,9 @@ from transformers.utils.import_utils import is_serve_available
 
 from bench.sse import SseStream
 from bench.stack import wait_port
-from lmsp.up import free_port
+from lmsp_core.ports import free_port
 from lmsp_core.requests.catalog import SMOLLM2
-from workers import loader
+from workers.model import loader
 
 HOST = "127.0.0.1"
 

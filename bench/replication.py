@@ -18,13 +18,11 @@ import msgspec
 import redis.asyncio as aioredis
 
 from bench.report import Table, percentile, prompt_text, ratio
-from bench.sse import stream_response
+from bench.sse import concurrent_streams, stream_response
 from bench.stack import ReplicatedStack
-from bench.throughput import UNSERVED, BenchRun, concurrent_streams, create_task
+from bench.tasks import UNSERVED, claim_task, create_task
 from lmsp_core import wire
 from lmsp_core.settings import Settings
-from lmsp_core.store.tasks import ClaimOutcome, TaskStore
-from workers.writer import EventWriter
 
 FLUSHES = 200  # per setting and phase
 
@@ -81,15 +79,8 @@ async def flush_round_trip(stack: ReplicatedStack, api_port: int, table: Table, 
         writers = {}
         for replicas in times:
             settings = Settings(redis_url=stack.redis_url, redis_wait_replicas=replicas)
-            store = TaskStore(redis, settings)
-            record = await store.get((await create_task(api_port))["id"])
-            assert record is not None
-            problem = wire.Problem(type="about:blank", title="x", status=500, code="x", detail="x")
-            claim = await store.claim(record, "bench", "bench-job", "bench/flush", problem)
-            assert claim.outcome is ClaimOutcome.CLAIMED, claim
-            run = BenchRun(record.id, "bench/flush", record.response_id)
-            writer = EventWriter(redis, settings)
-            writer.open(run, claim.last_event_id, 0)
+            task = await create_task(api_port)
+            _, writer, run = await claim_task(redis, settings, task["id"], "bench/flush")
             writers[replicas] = (writer, run)
         for i in range(FLUSHES):
             for replicas in (0, 1) if i % 2 == 0 else (1, 0):

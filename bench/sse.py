@@ -2,8 +2,8 @@
 
 It speaks just enough HTTP/1.1 for our API: one request per connection, a chunked (or
 connection-delimited) response body, events separated by blank lines. Each batch of events is
-yielded with the time its bytes arrived. ``stream_response`` streams one response of the API through it
-(the benchmark's sections share it).
+yielded with the time its bytes arrived. ``stream_response`` streams one response of the API through it,
+``concurrent_streams`` many at once (the benchmark's sections share them).
 """
 
 import asyncio
@@ -12,7 +12,7 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 
-from bench.report import user_input
+from bench.report import prompt_text, user_input
 from lmsp_core import wire
 
 HOST = "127.0.0.1"
@@ -206,3 +206,11 @@ async def stream_response(port: int, model: str, text: str, max_tokens: int) -> 
                 first = first or arrived  # no text at all (the first token ended it)
     end = time.perf_counter()
     return StreamResult(first - start, end - start, tokens, ids == list(range(1, len(ids) + 1)))
+
+
+async def concurrent_streams(port: int, model: str, count: int, max_tokens: int) -> tuple[int, float, bool]:
+    """``count`` responses streamed at once: (tokens in all, seconds, whether every one was gapless)."""
+    start = time.perf_counter()
+    results = await asyncio.gather(*(stream_response(port, model, prompt_text(i), max_tokens) for i in range(count)))
+    seconds = time.perf_counter() - start
+    return sum(r.tokens for r in results), seconds, all(r.gapless for r in results)

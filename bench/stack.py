@@ -15,7 +15,7 @@ from typing import Any
 
 import redis
 
-from lmsp.up import free_port
+from lmsp_core.ports import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 TICKS = os.sysconf("SC_CLK_TCK")

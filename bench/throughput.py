@@ -25,7 +25,6 @@ import argparse
 import asyncio
 import contextlib
 import gc
-import json
 import os
 import random
 import statistics
@@ -39,21 +38,18 @@ import redis.asyncio as aioredis
 import torch
 
 from bench import hfserve, modelstep
+from bench.replication import replication
 from bench.report import Measured, Table, fresh_prompt_text, percentile, prompt_text, ratio, user_input
-from bench.sse import HOST, EventIdReader, SseStream, stream_response
+from bench.sse import HOST, EventIdReader, SseStream, concurrent_streams, stream_response
 from bench.stack import Stack, cpu_seconds, rss_bytes
+from bench.tasks import UNSERVED, claim_task, create_task
 from lmsp_core import wire
 from lmsp_core.requests.catalog import Catalog
 from lmsp_core.requests.chat import PromptRenderer
 from lmsp_core.settings import Settings, load_settings
 from lmsp_core.store import keys
 from lmsp_core.store.eventstore import Final
-from lmsp_core.store.tasks import ClaimOutcome, TaskStore
-from workers import loader
-from workers.writer import EventWriter
-
-UNSERVED = "bench-unserved"  # fan-out tasks: queued on a model no worker serves, written by this process
-
+from workers.model import loader
 
 # --- in process ----------------------------------------------------------------------------------
 
@@ -101,42 +97,7 @@ class InProcess:
             torch.cuda.synchronize()
 
 
-# --- through the service --------------------------------------------------------------------------
-
-
-async def concurrent_streams(port: int, model: str, count: int, max_tokens: int) -> tuple[int, float, bool]:
-    start = time.perf_counter()
-    results = await asyncio.gather(*(stream_response(port, model, prompt_text(i), max_tokens) for i in range(count)))
-    seconds = time.perf_counter() - start
-    return sum(r.tokens for r in results), seconds, all(r.gapless for r in results)
-
-
 # --- fan-out, resume ------------------------------------------------------------------------------
-
-
-class BenchRun:
-    """The writer's view of the fan-out task: this process holds its lease."""
-
-    def __init__(self, task_id: str, lease: str, response_id: str) -> None:
-        self.task_id, self.lease, self.response_id = task_id, lease, response_id
-
-    def on_cancel_requested(self) -> None: ...
-
-    def on_fenced(self) -> None:
-        raise RuntimeError("the bench lost the fan-out task's lease")
-
-    def on_final_durable(self) -> None: ...
-
-
-async def create_task(port: int) -> dict[str, Any]:
-    body = json.dumps({"model": UNSERVED, "input": user_input("fan-out")}).encode()
-    reader, writer = await asyncio.open_connection(HOST, port)
-    writer.write(f"POST /lmsp/v1/tasks HTTP/1.1\r\nHost: {HOST}\r\nContent-Type: application/json\r\n"
-                 f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode() + body)
-    raw = await reader.read()
-    writer.close()
-    result: dict[str, Any] = json.loads(raw.partition(b"\r\n\r\n")[2])
-    return result
 
 
 async def write_events(stack: Stack, settings: Settings, task: dict[str, Any], count: int,
@@ -144,16 +105,7 @@ async def write_events(stack: Stack, settings: Settings, task: dict[str, Any], c
     """Claim the task as a worker would and append ``count`` deltas at ``rate`` per second, then the
     final event; returns when each event number was handed to Redis."""
     redis = aioredis.Redis.from_url(stack.redis_url)
-    store = TaskStore(redis, settings)
-    record = await store.get(task["id"])
-    assert record is not None
-    lease = "bench/fan-out"
-    claim = await store.claim(record, "bench", "bench-job", lease, wire.Problem(type="about:blank", title="x",
-                                                                                 status=500, code="x", detail="x"))
-    assert claim.outcome is ClaimOutcome.CLAIMED, claim
-    writer = EventWriter(redis, settings)
-    run = BenchRun(task["id"], lease, record.response_id)
-    writer.open(run, claim.last_event_id, 0)
+    record, writer, run = await claim_task(redis, settings, task["id"], "bench/fan-out")
     written: dict[int, float] = {}
     rid = record.response_id
     item = "msg_bench0000000000000000000000"
@@ -337,8 +289,6 @@ async def main(args: argparse.Namespace) -> None:
     threads = args.threads or max(1, (os.cpu_count() or 2) - 1)
     table = Table()
     if args.replication:
-        from bench.replication import replication
-
         loader.limit_threads(threads, settings.attention_helper)
         await replication(args, spec, threads, table)
         print()

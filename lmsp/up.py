@@ -22,18 +22,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from types import FrameType
 
-from api.auth import is_loopback
 from lmsp_core import logs
+from lmsp_core.ports import free_port
 from lmsp_core.settings import Settings
 
 logger = logging.getLogger(__name__)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def data_dir() -> Path:
@@ -67,7 +60,7 @@ def start_redis(directory: Path, children: list[subprocess.Popen[bytes]]) -> str
 def auth_for_up(settings: Settings, environ: Mapping[str, str]) -> Settings:
     if "LMSP_AUTH" in environ:
         return settings
-    return settings.replace(auth="none" if is_loopback(settings.host) else "tokens")
+    return settings.replace(auth="none" if settings.host_is_loopback else "tokens")
 
 
 def needs_local_redis(settings: Settings, environ: Mapping[str, str]) -> bool:

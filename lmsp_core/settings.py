@@ -1,6 +1,7 @@
 """Service settings. Every field can be set with an environment variable ``LMSP_<NAME>``
 (``LMSP_REDIS_URL``, ``LMSP_EVENT_RETENTION``, ...); command-line flags override the environment."""
 
+import ipaddress
 import os
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -59,7 +60,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     # lose most of their throughput (measured: docs/performance.md)
     torch_threads: Annotated[int, Meta(ge=0)] = 0
     # on a CPU, long sequences' attention takes a second thread where torch's threads leave a core
-    # (workers/kernels.c, "The helper"; measured: docs/performance.md)
+    # (workers/model/cpu/kernels.c, "The helper"; measured: docs/performance.md)
     attention_helper: bool = True
     # security (docs/protocol.md, "Security"): "none" is refused unless the API binds a loopback address
     auth: Literal["tokens", "none"] = "tokens"
@@ -124,6 +125,17 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
         if value is not None:
             return value
         return with_tokens if self.auth == "tokens" else 0
+
+    @property
+    def host_is_loopback(self) -> bool:
+        """Whether the API's address reaches this machine only: the API and ``lmsp up`` decide
+        whether authentication may be off by it."""
+        if self.host == "localhost":
+            return True
+        try:
+            return ipaddress.ip_address(self.host.strip("[]")).is_loopback
+        except ValueError:
+            return False
 
     @property
     def cors_origin_list(self) -> list[str]:

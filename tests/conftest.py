@@ -18,20 +18,16 @@ import pytest_asyncio
 import redis.asyncio as aioredis
 
 from lmsp_core.requests.catalog import SMOLLM2
-from tests.support import SECURE_CORS_ORIGIN, Api, RedisServer, TokenFactory, Worker, tiny_spec
-
-# ChatML whose generation prompt opens a reasoning section (as DeepSeek-R1's does), and which renders
-# the reasoning of an assistant turn that has some (as Qwen3's does for the current turn)
-REASONING_TEMPLATE = (
-    "{% for message in messages %}"
-    "{% if message['role'] == 'assistant' and message.get('reasoning_content') %}"
-    "{{ '<|im_start|>assistant\\n<think>\\n' + message['reasoning_content'] + '\\n</think>\\n\\n'"
-    " + message['content'] + '<|im_end|>\\n' }}"
-    "{% else %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}{% endif %}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n<think>\\n' }}{% endif %}"
+from tests.support import (
+    REASONING_BUDGET,
+    REASONING_TEMPLATE,
+    SECURE_CORS_ORIGIN,
+    Api,
+    RedisServer,
+    TokenFactory,
+    Worker,
+    tiny_spec,
 )
-REASONING_BUDGET = 16
 
 # models only the tests use; "tiny-unserved" never gets a worker
 TEST_MODELS: list[dict[str, Any]] = [

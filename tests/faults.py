@@ -2,10 +2,8 @@
 task's log survived the break (numbered 1..n without gap or repeat, one final event, the text of an
 uninterrupted run)."""
 
-import asyncio
 import json
 import tempfile
-import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -14,8 +12,7 @@ import httpx
 from lmsp_core import wire
 from lmsp_core.settings import load_settings
 from lmsp_core.store import connections, keys
-from tests.e2e.test_tasks import logged
-from tests.support import Api, RedisServer, SseEvent, Worker, collect, sse_events, tiny_spec
+from tests.support import Api, RedisServer, SseEvent, Worker, collect, logged, sse_events, tiny_spec
 
 if TYPE_CHECKING:
     from tests.replication import ReplicatedRedis
@@ -47,17 +44,6 @@ def assert_exactly_once(log: list[SseEvent], final: str | None = None) -> None:
     # one message item, whose id every delta carries
     items = {e.data["item"]["id"] for e in log if e.event == wire.ITEM_ADDED}
     assert len(items) <= 1 and {e.data["item_id"] for e in log if e.event == wire.TEXT_DELTA} <= items
-
-
-async def wait_for(check: Callable[[], Awaitable[Any]], timeout: float = 60, what: str = "condition") -> Any:
-    """Poll ``check`` until it returns something truthy."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        result = await check()
-        if result:
-            return result
-        await asyncio.sleep(0.05)
-    raise TimeoutError(f"timed out waiting for {what}")
 
 
 class Group:

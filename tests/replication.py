@@ -14,9 +14,8 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from tests.faults import wait_for
 from tests.proxy import close_all, relay, shut_down
-from tests.support import RedisServer, SentinelServer, free_port
+from tests.support import RedisServer, SentinelServer, free_port, wait_for
 
 MASTER = "lmsp-test"
 # the services get this URL with the sentinels: nothing listens on port 1, so a connection that

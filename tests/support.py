@@ -1,6 +1,12 @@
-"""Real processes for tests: redis-server, workers and API servers on free ports."""
+"""Real processes for tests: redis-server, workers and API servers on free ports; and what more than
+one test file shares: requests and their checks, the tools and schemas of the constrained-output
+tests, the routes and their scopes, the reasoning template of the test models.
+
+Test files import from here (or from ``tests/engine/support.py``, ``tests/unit/tasks.py``,
+``tests/faults.py``, ``tests/proxy.py``, ``tests/replication.py``), never from one another."""
 
 import asyncio
+import json
 import os
 import shutil
 import signal
@@ -10,29 +16,49 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
 from pathlib import Path
 from typing import Any
 
 import httpx
+import jsonschema
 import msgspec
 import redis.asyncio as aioredis
 from httpx_sse import aconnect_sse
 
 from lmsp_core import wire
+from lmsp_core.ports import free_port
+from lmsp_core.requests.chat import PromptRenderer
 from lmsp_core.settings import load_settings
-from lmsp_core.store import connections, credentials
+from lmsp_core.store import connections, credentials, registry
 
 ROOT = Path(__file__).resolve().parent.parent
 SECURE_CORS_ORIGIN = "https://app.example"  # the one origin the secure_api fixture allows
 
+# ChatML whose generation prompt opens a reasoning section (as DeepSeek-R1's does), and which renders
+# the reasoning of an assistant turn that has some (as Qwen3's does for the current turn)
+REASONING_TEMPLATE = (
+    "{% for message in messages %}"
+    "{% if message['role'] == 'assistant' and message.get('reasoning_content') %}"
+    "{{ '<|im_start|>assistant\\n<think>\\n' + message['reasoning_content'] + '\\n</think>\\n\\n'"
+    " + message['content'] + '<|im_end|>\\n' }}"
+    "{% else %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n<think>\\n' }}{% endif %}"
+)
+REASONING_BUDGET = 16
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+
+async def wait_for(check: Callable[[], Awaitable[Any]], timeout: float = 60, what: str = "condition") -> Any:
+    """Poll ``check`` until it returns something truthy."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        result = await check()
+        if result:
+            return result
+        await asyncio.sleep(0.05)
+    raise TimeoutError(f"timed out waiting for {what}")
 
 
 def wait_port(port: int, timeout: float = 30.0) -> None:
@@ -321,3 +347,132 @@ async def tasks_of(redis: aioredis.Redis, principal: str) -> list[str]:
         if await redis.type(key) == b"hash" and await redis.hget(key, "owner") == principal.encode():
             found.append((await redis.hget(key, "id")).decode())
     return found
+
+
+# what the API tests share: problem documents, task logs, prompts as a worker renders them, routes,
+# and the tools and schemas of the constrained-output tests (tests/e2e and tests/engine/test_closing.py)
+PROBLEM = "application/problem+json"
+
+
+def assert_problem(response: httpx.Response, status: int, code: str) -> dict[str, Any]:
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"] == PROBLEM
+    assert response.headers["lmsp-version"] == "1.0"
+    problem: dict[str, Any] = response.json()
+    assert {"type", "title", "status", "detail", "code"} <= set(problem)
+    assert problem["status"] == status and problem["code"] == code
+    assert problem["type"] == f"urn:lmsp:problem:{code}"
+    assert "Traceback" not in response.text
+    return problem
+
+
+def logged(received: list[SseEvent]) -> list[SseEvent]:
+    """The events of the task's log (without the id-less queue notices a client may ask for)."""
+    return [e for e in received if e.event != wire.QUEUED]
+
+
+def assert_complete_log(log: list[SseEvent], start: int = 1) -> None:
+    assert [e.id for e in log] == list(range(start, start + len(log)))
+    assert [e.event for e in log].count(wire.COMPLETED) + [e.event for e in log].count(wire.INCOMPLETE) == 1
+    assert log[-1].event in wire.FINAL_EVENTS
+
+
+async def render(redis: aioredis.Redis, model: str, items: list[dict[str, Any]],
+                 tools: list[dict[str, Any]] | None = None) -> tuple[str, int]:
+    """The prompt the worker must have built for these items, and its length in tokens."""
+    card = await registry.load_card(redis, model)
+    assert card is not None
+    request = msgspec.convert({"model": model, "input": items, "tools": tools}, wire.ResponseRequest)
+    renderer = PromptRenderer(card)
+    return renderer.render(request.input, request.tools), len(renderer.prompt_ids(request))
+
+
+def as_input(output: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Output items as the input items that carry them into the next turn."""
+    items = []
+    for item in output:
+        if item["type"] == "message":
+            items.append({"type": "message", "role": "assistant", "content": item["content"], "id": item["id"]})
+        else:
+            items.append(item)
+    return items
+
+
+# the OpenAI routes and the scope each needs (tests/e2e/test_auth.py checks the table, and
+# tests/e2e/test_openai_access.py their answers, OpenAI error objects)
+OPENAI_ROUTES: list[tuple[str, str, str | None]] = [
+    ("POST", "/v1/responses", credentials.RESPONSES_WRITE),
+    ("GET", "/v1/responses/{response_id}", credentials.RESPONSES_READ),
+    ("POST", "/v1/responses/{response_id}/cancel", credentials.TASKS_WRITE),
+    ("POST", "/v1/chat/completions", credentials.RESPONSES_WRITE),
+    ("GET", "/v1/models", credentials.MODELS_READ),
+    ("GET", "/v1/models/{model}", credentials.MODELS_READ),
+]
+
+
+CITIES = ["Hangzhou", "Paris", "Lagos", "Lima"]
+
+TOOLS: list[dict[str, Any]] = [
+    {"type": "function", "name": "get_weather", "description": "Get the current weather for a city.",
+     "parameters": {"type": "object", "properties": {"city": {"enum": CITIES}, "unit": {"enum": ["c", "f"]}},
+                    "required": ["city"]}},
+    {"type": "function", "name": "add", "description": "Add two integers.",
+     "parameters": {"type": "object", "properties": {"a": {"type": "integer", "minimum": -1000, "maximum": 1000},
+                                                     "b": {"type": "integer", "minimum": 0, "maximum": 99}},
+                    "required": ["a", "b"]}},
+    {"type": "function", "name": "search", "description": "Search the web.",
+     "parameters": {"type": "object",
+                    "properties": {"query": {"type": "string", "maxLength": 16},
+                                   "limit": {"type": "integer", "minimum": 1, "maximum": 50},
+                                   "filters": {"type": "object",
+                                               "properties": {"lang": {"enum": ["en", "fr", "zh"]},
+                                                              "safe": {"type": "boolean"}},
+                                               "required": ["lang"]}},
+                    "required": ["query", "filters"]}},
+    {"type": "function", "name": "book", "description": "Book seats.",
+     "parameters": {"type": "object",
+                    "properties": {"seats": {"type": "array", "items": {"type": "integer", "minimum": 1,
+                                                                        "maximum": 60}, "minItems": 1, "maxItems": 3},
+                                   "class": {"enum": ["economy", "business"]}},
+                    "required": ["seats", "class"]}},
+]
+PARAMETERS = {tool["name"]: tool["parameters"] for tool in TOOLS}
+
+SCHEMAS: list[dict[str, Any]] = [
+    {"type": "object",
+     "properties": {"name": {"type": "string", "maxLength": 12}, "age": {"type": "integer", "minimum": 0,
+                                                                          "maximum": 130}},
+     "required": ["name", "age"]},
+    {"type": "object",
+     "properties": {"point": {"type": "object", "properties": {"x": {"type": "integer", "minimum": -99,
+                                                                     "maximum": 99},
+                                                               "y": {"type": "integer", "minimum": -99,
+                                                                     "maximum": 99}},
+                              "required": ["x", "y"]},
+                    "label": {"enum": ["a", "b", "c"]}},
+     "required": ["point"]},
+    {"type": "object",
+     "properties": {"tags": {"type": "array", "items": {"enum": ["red", "green", "blue"]}, "maxItems": 4},
+                    "ok": {"type": "boolean"}, "score": {"type": "number", "minimum": 0, "maximum": 1}},
+     "required": ["tags", "ok", "score"]},
+    {"type": "array", "items": {"type": "object", "properties": {"id": {"type": "integer", "minimum": 1,
+                                                                        "maximum": 9},
+                                                                 "kind": {"enum": ["x", "y"]}},
+                                "required": ["id", "kind"]},
+     "minItems": 1, "maxItems": 3},
+    {"type": "object",
+     "properties": {"status": {"enum": ["ok", "error"]}, "code": {"type": ["integer", "null"], "minimum": 100,
+                                                                   "maximum": 599},
+                    "details": {"type": "object", "properties": {"retry": {"type": "boolean"}}}},
+     "required": ["status", "code", "details"]},
+]
+
+
+def assert_valid_calls(output: list[dict[str, Any]], allowed: set[str]) -> None:
+    assert output, "no output"
+    for item in output:
+        assert item["type"] == "function_call", item
+        assert item["id"].startswith("fc_") and item["call_id"].startswith("call_")
+        assert item["name"] in allowed
+        assert isinstance(item["arguments"], str)
+        jsonschema.validate(json.loads(item["arguments"]), PARAMETERS[item["name"]])

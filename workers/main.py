@@ -22,9 +22,9 @@ from lmsp_core.requests.chat import PromptRenderer
 from lmsp_core.settings import Settings
 from lmsp_core.store import connections, keys, registry
 from lmsp_core.store.queue import GENERATE
-from workers import loader
-from workers.constraints import tokenizer_for
-from workers.engine import Engine
+from workers.engine.core import Engine
+from workers.model import loader
+from workers.output.grammar import tokenizer_for
 from workers.queueworker import WakeableWorker, listen_for_wakes
 from workers.reaper import Reaper
 from workers.service import WorkerService

@@ -3,7 +3,7 @@
 A run takes the prompt the API rendered and checked when it accepted the request (where the API had
 no card of the model, or another one than this worker's, the run renders and checks it itself),
 hands a generation to the model's engine and, as tokens arrive, appends the events of 6.3 through
-the writer (tokens in, events out: ``workers.pipeline``): ``response.created``, the output items
+the writer (tokens in, events out: ``workers.output.pipeline``): ``response.created``, the output items
 (messages with their text deltas, function calls) and one final event. A run that resumes a task
 another worker left behind replays the stored token checkpoint silently: the output pipeline (text
 decoding, the reasoning section, stop strings, output assembly) and the constraints (grammar,
@@ -24,7 +24,7 @@ from lmsp_core import wire
 from lmsp_core.requests import extensions, grammars
 from lmsp_core.requests.catalog import ModelSpec
 from lmsp_core.requests.chat import PromptRenderer, card_digest
-from lmsp_core.requests.closing import GrammarTokenizer
+from lmsp_core.requests.closing import GrammarTokenizer, closing_tokens
 from lmsp_core.requests.validation import check_output_room, check_request, output_budget
 from lmsp_core.settings import Settings
 from lmsp_core.store import eventlog, eventstore, metrics
@@ -32,12 +32,12 @@ from lmsp_core.store.delivered import DeliveredOutput
 from lmsp_core.store.eventstore import Final
 from lmsp_core.store.tasks import TaskRecord
 from lmsp_core.wire.errors import GenerationFailed, LmspError
-from workers.constraints import GrammarConstraint
-from workers.engine import Engine, Finish, Generation
-from workers.output import Mode, OutEvent, OutputAssembler
-from workers.pipeline import OutputPipeline
-from workers.reasoning import ReasoningConstraint, closing_tokens
-from workers.sampling import LogitsConstraint, RowSampler, SamplingParams
+from workers.engine.core import Engine, Finish, Generation
+from workers.engine.sampling import LogitsConstraint, RowSampler, SamplingParams
+from workers.output.grammar import GrammarConstraint
+from workers.output.items import Mode, OutEvent, OutputAssembler
+from workers.output.pipeline import OutputPipeline
+from workers.output.reasoning import ReasoningConstraint
 from workers.writer import EventWriter
 
 logger = logging.getLogger(__name__)

@@ -16,8 +16,6 @@ from lmsp_core.settings import Settings
 from lmsp_core.wire import Capability
 from lmsp_core.wire.errors import NotFound
 
-ALL_CAPABILITIES: tuple[Capability, ...] = ("streaming", "tools", "structured_output", "conversations")
-
 Marker = Annotated[str, Meta(min_length=1, max_length=64)]
 
 
@@ -46,7 +44,7 @@ class ReasoningFormat(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
 class ModelSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     id: Annotated[str, Meta(min_length=1, max_length=256)]
     # "gguf-package:<python package>/<file.gguf>", "hf-dir:<path>", "tiny-random" or
-    # "random-llama:<shape>" (workers/loader.py, LLAMA_SHAPES)
+    # "random-llama:<shape>" (workers/model/loader.py, LLAMA_SHAPES)
     source: str
     context_window: Annotated[int, Meta(ge=16)]
     max_output_tokens: Annotated[int, Meta(ge=1)]
@@ -54,7 +52,7 @@ class ModelSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     device: str = "auto"  # "auto" picks CUDA when present, else CPU
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     # the KV cache's dtype. "auto": float16 for a float32 model on a CPU whose step attends through
-    # workers/kernels.c with the CPU's own float16 conversions (half the bytes a long sequence reads
+    # workers/model/cpu/kernels.c with the CPU's own float16 conversions (half the bytes a long sequence reads
     # every step, llama.cpp's default cache), else the model's dtype
     kv_dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     max_batch_size: Annotated[int, Meta(ge=1, le=1024)] = 32

@@ -139,6 +139,15 @@ def reasoning_closing_ids(tokenizer: Tokenizer, reasoning: ReasoningFormat) -> l
     return ids
 
 
+def closing_tokens(tokenizer: Tokenizer, reasoning: ReasoningFormat) -> list[int]:
+    """The tokens that close a section (``closing_text``); checks that they decode as text (a
+    marker that is a special token would be invisible to the parser)."""
+    ids = reasoning_closing_ids(tokenizer, reasoning)
+    if reasoning.end not in tokenizer.decode(ids, skip_special_tokens=True):
+        raise ValueError(f"the reasoning end marker {reasoning.end!r} does not decode as text with this tokenizer")
+    return ids
+
+
 def output_tokens_needed(tokenizer: GrammarTokenizer, grammar: str,
                          closers: Iterable[Sequence[int]] = ()) -> int | None:
     """Tokens of the shortest output the planner finds for ``grammar``: what a response needs at least

@@ -6,7 +6,7 @@ that it counts prompt tokens at submit even with no worker running (a prompt too
 context window is a 400 then, never a task that fails later). It needs no torch: the tokenizer is
 a ``tokenizers`` JSON file, or a GGUF file's vocabulary read with ``gguf``.
 
-Where the files are, per catalog source (``workers.loader`` puts them there):
+Where the files are, per catalog source (``workers.model.loader`` puts them there):
 - ``hf-dir:<path>``: the directory itself.
 - ``gguf-package:<package>/<file>``: the copy a worker converted into the model cache
   (``<model_cache>/models/<id>``); before any worker converted it, the GGUF file's own vocabulary

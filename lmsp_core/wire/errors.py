@@ -24,6 +24,7 @@ from typing import Any, ClassVar
 from lmsp_core.wire import Problem
 
 PROBLEM_TYPE_PREFIX = "urn:lmsp:problem:"
+PROBLEM_MEDIA_TYPE = "application/problem+json"  # RFC 9457: every LMSP error body
 
 
 class LmspError(Exception):

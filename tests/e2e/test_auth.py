@@ -16,8 +16,18 @@ from lmsp.up import auth_for_up
 from lmsp_core.settings import Settings
 from lmsp_core.store import credentials
 from lmsp_core.wire.errors import InvalidRequest
-from tests.e2e.test_errors import assert_problem
-from tests.support import ROOT, Api, RedisServer, TokenFactory, bearer, body, free_port, service_env
+from tests.support import (
+    OPENAI_ROUTES,
+    ROOT,
+    Api,
+    RedisServer,
+    TokenFactory,
+    assert_problem,
+    bearer,
+    body,
+    free_port,
+    service_env,
+)
 
 UNKNOWN_TASK = "task_0000000000000000000000000A"
 
@@ -38,17 +48,6 @@ ROUTES: list[tuple[str, str, str | None]] = [
     ("GET", "/readyz", None),
     ("GET", "/", None),
 ]
-# the OpenAI routes (their answers, OpenAI error objects, are checked in tests/e2e/test_openai_access.py)
-OPENAI_ROUTES: list[tuple[str, str, str | None]] = [
-    ("POST", "/v1/responses", credentials.RESPONSES_WRITE),
-    ("GET", "/v1/responses/{response_id}", credentials.RESPONSES_READ),
-    ("POST", "/v1/responses/{response_id}/cancel", credentials.TASKS_WRITE),
-    ("POST", "/v1/chat/completions", credentials.RESPONSES_WRITE),
-    ("GET", "/v1/models", credentials.MODELS_READ),
-    ("GET", "/v1/models/{model}", credentials.MODELS_READ),
-]
-
-
 # the handlers use Litestar 2 conventions (inferred dependencies, a bare `data`) that 2.25 warns about
 @pytest.mark.filterwarnings("ignore::litestar.exceptions.LitestarDeprecationWarning")
 def test_every_route_declares_its_scope() -> None:

@@ -9,9 +9,17 @@ import httpx
 import pytest_asyncio
 
 from lmsp_core import wire
-from tests.e2e.test_errors import assert_problem
-from tests.e2e.test_tasks import assert_complete_log, logged
-from tests.support import Api, RedisServer, Worker, body, collect, sse_events
+from tests.support import (
+    Api,
+    RedisServer,
+    Worker,
+    assert_complete_log,
+    assert_problem,
+    body,
+    collect,
+    logged,
+    sse_events,
+)
 
 RETENTION = 3
 

@@ -6,37 +6,25 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
-import msgspec
 import pytest_asyncio
 import redis.asyncio as aioredis
 
 from lmsp_core import wire
-from lmsp_core.requests.chat import PromptRenderer
-from lmsp_core.store import registry
-from tests.e2e.test_errors import assert_problem
-from tests.e2e.test_tools import TOOLS, assert_valid_calls
-from tests.support import Api, RedisServer, TokenFactory, Worker, bearer, body, collect, user_input
-
-
-async def render(redis: aioredis.Redis, model: str, items: list[dict[str, Any]],
-                 tools: list[dict[str, Any]] | None = None) -> tuple[str, int]:
-    """The prompt the worker must have built for these items, and its length in tokens."""
-    card = await registry.load_card(redis, model)
-    assert card is not None
-    request = msgspec.convert({"model": model, "input": items, "tools": tools}, wire.ResponseRequest)
-    renderer = PromptRenderer(card)
-    return renderer.render(request.input, request.tools), len(renderer.prompt_ids(request))
-
-
-def as_input(output: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Output items as the input items that carry them into the next turn."""
-    items = []
-    for item in output:
-        if item["type"] == "message":
-            items.append({"type": "message", "role": "assistant", "content": item["content"], "id": item["id"]})
-        else:
-            items.append(item)
-    return items
+from tests.support import (
+    TOOLS,
+    Api,
+    RedisServer,
+    TokenFactory,
+    Worker,
+    as_input,
+    assert_problem,
+    assert_valid_calls,
+    bearer,
+    body,
+    collect,
+    render,
+    user_input,
+)
 
 
 async def test_stored_response_is_readable(client: httpx.AsyncClient) -> None:

@@ -8,8 +8,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.e2e.test_errors import assert_problem
-from tests.support import body, collect
+from tests.support import assert_problem, body, collect
 
 SAMPLED = {"temperature": 1.0, "max_output_tokens": 24}
 

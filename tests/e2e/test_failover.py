@@ -31,9 +31,9 @@ import pytest_asyncio
 from lmsp_core import wire
 from lmsp_core.settings import load_settings
 from lmsp_core.store import connections, keys
-from tests.faults import Group, assert_exactly_once, text_of, wait_for
+from tests.faults import Group, assert_exactly_once, text_of
 from tests.replication import UNUSED_URL, ReplicatedRedis
-from tests.support import Api, RedisServer, SseEvent, Worker, body, service_env, sse_events
+from tests.support import Api, RedisServer, SseEvent, Worker, body, service_env, sse_events, wait_for
 
 MODEL = "tiny-random"
 TASKS = 8

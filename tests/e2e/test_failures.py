@@ -14,9 +14,7 @@ import pytest
 import pytest_asyncio
 
 from lmsp_core import wire
-from tests.e2e.test_errors import assert_problem
-from tests.e2e.test_tasks import logged
-from tests.support import Api, RedisServer, Worker, body, collect, tiny_spec
+from tests.support import Api, RedisServer, Worker, assert_problem, body, collect, logged, tiny_spec
 
 
 @pytest_asyncio.fixture(scope="module")

@@ -18,9 +18,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from lmsp_core.store import credentials as store
-from tests.support import Api, RedisServer, Worker
+from tests.support import PROBLEM, Api, RedisServer, Worker
 
-PROBLEM = "application/problem+json"
 FUZZ = settings(max_examples=150, deadline=None, database=None, print_blob=True,
                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 

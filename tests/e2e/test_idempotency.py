@@ -9,8 +9,7 @@ import httpx
 import redis.asyncio as aioredis
 
 from lmsp_core.store import keys, queue
-from tests.e2e.test_errors import assert_problem
-from tests.support import TokenFactory, bearer, body, collect, tasks_of
+from tests.support import TokenFactory, assert_problem, bearer, body, collect, tasks_of
 
 
 def headers(token: str, key: str) -> dict[str, str]:

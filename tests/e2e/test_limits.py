@@ -12,8 +12,7 @@ import redis.asyncio as aioredis
 
 from lmsp_core.settings import TOKENS_MAX_STREAMS, TOKENS_RATE_LIMIT, Settings
 from lmsp_core.store import queue
-from tests.e2e.test_errors import assert_problem
-from tests.support import Api, RedisServer, TokenFactory, Worker, bearer, body, tasks_of, user_input
+from tests.support import Api, RedisServer, TokenFactory, Worker, assert_problem, bearer, body, tasks_of, user_input
 
 
 @pytest.mark.parametrize("endpoint", ["/lmsp/v1/responses", "/lmsp/v1/tasks"])

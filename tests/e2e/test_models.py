@@ -4,8 +4,7 @@ import httpx
 import redis.asyncio as aioredis
 
 from lmsp_core.store import registry
-from tests.e2e.test_errors import assert_problem
-from tests.support import body
+from tests.support import assert_problem, body
 
 
 async def test_models_list_capabilities_and_context_windows(client: httpx.AsyncClient) -> None:

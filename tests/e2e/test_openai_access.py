@@ -12,8 +12,7 @@ from openapi_spec_validator import validate
 
 from api.app import OPENAI_SDK_HEADERS
 from lmsp_core.store import credentials
-from tests.e2e.test_auth import OPENAI_ROUTES
-from tests.support import SECURE_CORS_ORIGIN, Api, TokenFactory, Worker, bearer
+from tests.support import OPENAI_ROUTES, SECURE_CORS_ORIGIN, Api, TokenFactory, Worker, bearer
 
 MODEL = "tiny-random"
 Client = Callable[[str], Awaitable[openai.AsyncOpenAI]]

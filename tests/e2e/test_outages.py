@@ -17,10 +17,8 @@ import pytest_asyncio
 
 from lmsp_core import wire
 from lmsp_core.store import keys
-from tests.e2e.test_errors import assert_problem
-from tests.e2e.test_tasks import logged
-from tests.faults import Group, assert_exactly_once, models_file, text_of, tiny, wait_for
-from tests.support import Api, RedisServer, SseEvent, Worker, body, sse_events
+from tests.faults import Group, assert_exactly_once, models_file, text_of, tiny
+from tests.support import Api, RedisServer, SseEvent, Worker, assert_problem, body, logged, sse_events, wait_for
 
 ONE = "tiny-one"
 TIMED = "tiny-timeout"

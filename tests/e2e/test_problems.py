@@ -5,8 +5,7 @@ import redis.asyncio as aioredis
 
 from api.version import HEADER as VERSION_HEADER
 from lmsp_core.store import keys
-from tests.e2e.test_errors import assert_problem
-from tests.support import Api, TokenFactory, bearer, body
+from tests.support import Api, TokenFactory, assert_problem, bearer, body
 
 UNKNOWN_TASK = "task_0000000000000000000000000B"
 

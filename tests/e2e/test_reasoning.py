@@ -17,12 +17,10 @@ import redis.asyncio as aioredis
 from tokenizers import Tokenizer
 
 from lmsp_core.requests.catalog import ReasoningFormat
+from lmsp_core.requests.closing import closing_tokens
 from lmsp_core.store import registry
 from lmsp_core.wire import ids
-from tests.conftest import REASONING_BUDGET
-from tests.e2e.test_errors import assert_problem
-from tests.support import Api, Worker, body, collect
-from workers.reasoning import closing_tokens
+from tests.support import REASONING_BUDGET, Api, Worker, assert_problem, body, collect
 
 MODEL = "tiny-reasoning"
 MAX_TOKENS = 48

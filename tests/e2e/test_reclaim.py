@@ -26,9 +26,8 @@ from lmsp_core.settings import load_settings
 from lmsp_core.store import keys, queue
 from lmsp_core.store.tasks import TaskRecord, TaskStore
 from lmsp_core.wire import ids
-from tests.e2e.test_tasks import logged
-from tests.faults import Group, assert_exactly_once, text_of, wait_for
-from tests.support import Api, RedisServer, SseEvent, Worker, body, sse_events
+from tests.faults import Group, assert_exactly_once, text_of
+from tests.support import Api, RedisServer, SseEvent, Worker, body, logged, sse_events, wait_for
 
 MODEL = "tiny-random"
 SETTINGS = {"lease_ttl": 1.5, "reaper_interval": 0.2, "max_attempts": 3, "shutdown_grace": 0}

@@ -10,7 +10,7 @@ import pytest_asyncio
 import redis.asyncio as aioredis
 
 from lmsp_core import wire
-from tests.support import Api, RedisServer, Worker, collect, user_input
+from tests.support import Api, RedisServer, Worker, as_input, collect, render, user_input
 
 pytestmark = pytest.mark.smollm2
 
@@ -87,8 +87,6 @@ async def test_max_output_tokens_5_is_incomplete_with_5_tokens(smol: httpx.Async
 
 async def test_a_five_turn_conversation_keeps_turn_one_in_context(smol: httpx.AsyncClient,
                                                                  redis: aioredis.Redis) -> None:
-    from tests.e2e.test_conversations import as_input, render
-
     turns = ["My name is Ada and my favourite colour is teal.", "What is the capital of France?",
              "Name a fruit.", "Count to three.", "What is my favourite colour?"]
     items: list[dict[str, Any]] = []

@@ -10,8 +10,7 @@ import pytest
 
 from lmsp_core import wire
 from lmsp_core.store import keys
-from tests.e2e.test_errors import assert_problem
-from tests.support import SseEvent, body, collect, sse_events
+from tests.support import SseEvent, assert_complete_log, assert_problem, body, collect, logged, sse_events
 
 
 async def create(client: httpx.AsyncClient, **fields: Any) -> dict[str, Any]:
@@ -24,17 +23,6 @@ async def create(client: httpx.AsyncClient, **fields: Any) -> dict[str, Any]:
 
 async def events(client: httpx.AsyncClient, task_id: str, **kwargs: Any) -> list[SseEvent]:
     return logged(await collect(client, "GET", f"/lmsp/v1/tasks/{task_id}/events", **kwargs))
-
-
-def logged(received: list[SseEvent]) -> list[SseEvent]:
-    """The events of the task's log (without the id-less queue notices a client may ask for)."""
-    return [e for e in received if e.event != wire.QUEUED]
-
-
-def assert_complete_log(log: list[SseEvent], start: int = 1) -> None:
-    assert [e.id for e in log] == list(range(start, start + len(log)))
-    assert [e.event for e in log].count(wire.COMPLETED) + [e.event for e in log].count(wire.INCOMPLETE) == 1
-    assert log[-1].event in wire.FINAL_EVENTS
 
 
 async def test_create_returns_a_queued_task_object(client: httpx.AsyncClient) -> None:

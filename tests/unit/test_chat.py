@@ -9,7 +9,7 @@ from lmsp_core import wire
 from lmsp_core.requests.catalog import SMOLLM2
 from lmsp_core.requests.chat import PromptRenderer
 from lmsp_core.settings import load_settings
-from workers import loader
+from workers.model import loader
 
 
 def test_renderer_matches_transformers_for_smollm2() -> None:

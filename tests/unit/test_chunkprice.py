@@ -2,7 +2,7 @@
 
 import pytest
 
-from workers.chunkprice import MAX_CHUNK, MIN_CHUNK, STALL, ChunkCost, Price, chunk_budget
+from workers.engine.chunkprice import MAX_CHUNK, MIN_CHUNK, STALL, ChunkCost, Price, chunk_budget
 
 
 def test_a_fixed_price_and_a_price_per_token_are_told_apart() -> None:

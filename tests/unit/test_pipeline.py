@@ -18,16 +18,16 @@ from lmsp_core import wire
 from lmsp_core.requests import grammars
 from lmsp_core.requests.catalog import SMOLLM2, ReasoningFormat
 from lmsp_core.requests.chat import ModelCard, PromptRenderer, to_messages
-from lmsp_core.requests.closing import GrammarTokenizer
+from lmsp_core.requests.closing import GrammarTokenizer, closing_tokens
 from lmsp_core.settings import load_settings
-from tests.conftest import REASONING_TEMPLATE
-from workers import loader
-from workers.constraints import GrammarConstraint
-from workers.output import OutputAssembler
-from workers.pipeline import OutputPipeline
-from workers.reasoning import ReasoningConstraint, ReasoningParser, Segment, closing_tokens
-from workers.sampling import LogitsConstraint
-from workers.stops import StopFilter
+from tests.support import REASONING_TEMPLATE
+from workers.engine.sampling import LogitsConstraint
+from workers.model import loader
+from workers.output.grammar import GrammarConstraint
+from workers.output.items import OutputAssembler
+from workers.output.pipeline import OutputPipeline
+from workers.output.reasoning import ReasoningConstraint, ReasoningParser, Segment
+from workers.output.stops import StopFilter
 
 TEMPLATE = ReasoningFormat(opened_by="template")
 MODEL = ReasoningFormat(opened_by="model")

@@ -1,6 +1,6 @@
 """Which slot's prefix a new context starts from, and where a displaced prefix goes."""
 
-from workers.prefixes import MIN_COPIED, Prefixes, Reuse
+from workers.engine.prefixes import MIN_COPIED, Prefixes, Reuse
 
 SYSTEM = list(range(1000, 1000 + MIN_COPIED + 4))
 

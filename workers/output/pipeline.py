@@ -1,0 +1,95 @@
+"""A response's output path: tokens -> text -> reasoning section and answer -> stop strings -> items.
+
+One way: tokens go in, the events they cause come out (``push`` returns them). Every stage depends
+only on what it was fed, so replaying a resumed task's stored tokens (dropping the events they
+cause, which are stored already) brings the whole path to the state whose events are stored.
+"""
+
+from collections.abc import Iterable, Sequence
+
+from tokenizers import Tokenizer
+
+from lmsp_core import wire
+from lmsp_core.requests.catalog import ReasoningFormat
+from workers.output.items import OutEvent, OutputAssembler
+from workers.output.reasoning import ReasoningParser, Segment
+from workers.output.stops import StopFilter
+from workers.output.textstream import TextStream
+
+
+class OutputPipeline:
+    def __init__(self, tokenizer: Tokenizer, assembler: OutputAssembler, reasoning: ReasoningFormat | None = None,
+                 stops: Sequence[str] = ()) -> None:
+        self.assembler = assembler
+        self._text = TextStream(tokenizer)
+        self._parser = ReasoningParser(reasoning)
+        self._stops = StopFilter(stops)
+        self._answering = False
+        self._tokens = 0
+        self._closed_at: int | None = None  # tokens generated when the reasoning section closed
+
+    @property
+    def stopped(self) -> bool:
+        """A stop string appeared: the answer is complete and generation should end."""
+        return self._stops.hit
+
+    @property
+    def reasoning_tokens(self) -> int:
+        """Tokens from the start of the output to the end of the reasoning section (0 without one)."""
+        if not self._parser.opened:
+            return 0
+        return self._tokens if self._closed_at is None else self._closed_at
+
+    def start(self) -> list[OutEvent]:
+        """Announce what is known before the first token: an open section, or the message."""
+        if self._parser.state == "reasoning":
+            self.assembler.open_reasoning()
+        elif self._parser.state == "answer":
+            self._start_answer()
+        return self.assembler.take()
+
+    def push(self, token: int) -> list[OutEvent]:
+        """One generated token in; the events it causes out."""
+        self._tokens += 1
+        self._apply(self._parser.feed(self._text.push(token)))
+        return self.assembler.take()
+
+    def replay(self, tokens: Iterable[int]) -> None:
+        """Start, and feed tokens whose events are stored already (dropped here)."""
+        self.start()
+        for token in tokens:
+            self.push(token)
+
+    def finish(self) -> tuple[list[wire.OutputItem], list[OutEvent]]:
+        """Release held text (unless a stop string ended the answer) and close the items: the items
+        and the events that closing them causes."""
+        if not self.stopped:
+            self._apply(self._parser.finish())
+            if self._answering:
+                self.assembler.feed(self._stops.flush())
+        if not self._answering:  # ended inside the section: a text response still has its message
+            self.assembler.close_reasoning()
+            self._start_answer()
+        items = self.assembler.finish()
+        return items, self.assembler.take()
+
+    def _apply(self, segments: list[Segment]) -> None:
+        for segment in segments:
+            if self.stopped:
+                return
+            if segment.kind == "open":
+                self.assembler.open_reasoning()
+            elif segment.kind == "reasoning":
+                self.assembler.add_reasoning(segment.text)
+            elif segment.kind == "close":
+                self._closed_at = self._tokens
+                self.assembler.close_reasoning()
+                self._start_answer()
+            else:
+                self._start_answer()
+                self.assembler.feed(self._stops.feed(segment.text))
+
+    def _start_answer(self) -> None:
+        if not self._answering:
+            self._answering = True
+            self.assembler.start()

@@ -49,7 +49,8 @@ class Stack:
     """redis-server + ``lmsp api`` + ``lmsp worker`` for the given model specs (the first is served)."""
 
     def __init__(self, models: list[dict[str, Any]], served: list[str], torch_threads: int,
-                 extra_env: dict[str, str] | None = None) -> None:
+                 extra_env: dict[str, str] | None = None, worker: list[str] | None = None) -> None:
+        """``worker``: the worker's command, in place of ``lmsp worker`` for the served models."""
         self.dir = Path(tempfile.mkdtemp(prefix="lmsp-bench-"))
         self.extra_env = extra_env or {}
         self.worker_ready_seconds = 0.0
@@ -59,6 +60,8 @@ class Stack:
         self.torch_threads = torch_threads
         self.redis_port, self.api_port = free_port(), free_port()
         self.processes: list[subprocess.Popen[bytes]] = []
+        models_args = [arg for model in served for arg in ("--model", model)]
+        self.worker_command = worker or [sys.executable, "-m", "lmsp.cli", "worker", *models_args]
 
     @property
     def redis_url(self) -> str:
@@ -87,9 +90,8 @@ class Stack:
     def __enter__(self) -> "Stack":
         self.redis = self._redis_server(self.redis_port, "redis")
         self.api = self._spawn([sys.executable, "-m", "lmsp.cli", "api", "--port", str(self.api_port)], "api.log")
-        models = [arg for model in self.served for arg in ("--model", model)]
         started = time.perf_counter()
-        self.worker = self._spawn([sys.executable, "-m", "lmsp.cli", "worker", *models], "worker.log")
+        self.worker = self._spawn(self.worker_command, "worker.log")
         wait_port(self.api_port, self.api)
         self._wait_worker()
         self.worker_ready_seconds = time.perf_counter() - started

@@ -32,8 +32,9 @@ class BenchRun:
     def on_final_durable(self) -> None: ...
 
 
-async def create_task(port: int) -> dict[str, Any]:
-    body = json.dumps({"model": UNSERVED, "input": user_input("fan-out")}).encode()
+async def create_task(port: int, model: str = UNSERVED, text: str = "fan-out", **fields: Any) -> dict[str, Any]:
+    """Queue a task through the API (``fields``: more of the request's, ``max_output_tokens`` say)."""
+    body = json.dumps({"model": model, "input": user_input(text), **fields}).encode()
     reader, writer = await asyncio.open_connection(HOST, port)
     writer.write(f"POST /lmsp/v1/tasks HTTP/1.1\r\nHost: {HOST}\r\nContent-Type: application/json\r\n"
                  f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode() + body)

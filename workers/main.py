@@ -10,6 +10,7 @@ import logging
 import os
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from arq.connections import ArqRedis
@@ -36,10 +37,14 @@ CONNECT_ATTEMPTS = 6  # as arq's create_pool did: the first try and five more, a
 CONNECT_RETRY_DELAY = 1.0
 
 
-def run(settings: Settings, model_ids: list[str]) -> None:
+EngineFactory = Callable[[loader.LoadedModel], Engine]
+
+
+def run(settings: Settings, model_ids: list[str], make_engine: EngineFactory = Engine) -> None:
+    """``make_engine``: builds each model's engine (a benchmark's simulated model: ``bench.simulated``)."""
     logs.configure(settings.log_level, settings.log_json)
     loader.limit_threads(settings.torch_threads, settings.attention_helper)
-    asyncio.run(serve(settings, model_ids))
+    asyncio.run(serve(settings, model_ids, make_engine))
 
 
 async def connect(settings: Settings) -> ArqRedis:
@@ -60,7 +65,7 @@ async def connect(settings: Settings) -> ArqRedis:
             await asyncio.sleep(CONNECT_RETRY_DELAY)
 
 
-async def serve(settings: Settings, model_ids: list[str]) -> None:
+async def serve(settings: Settings, model_ids: list[str], make_engine: EngineFactory = Engine) -> None:
     catalog = Catalog.from_settings(settings)
     specs = [catalog.get(model_id) for model_id in model_ids]
     compiled_cache(Path(settings.model_cache))
@@ -69,7 +74,7 @@ async def serve(settings: Settings, model_ids: list[str]) -> None:
     announcing = asyncio.create_task(_announce(redis, info, settings))  # warming, until the models are ready
     engines: list[asyncio.Task[None]] = []
     try:
-        runtimes = await _start_models(specs, settings, engines)
+        runtimes = await _start_models(specs, settings, engines, make_engine)
     finally:
         announcing.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -117,14 +122,14 @@ def compiled_cache(model_cache: Path) -> None:
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(model_cache / "compiled")
 
 
-async def _start_models(specs: list[ModelSpec], settings: Settings,
-                        engines: list[asyncio.Task[None]]) -> dict[str, ModelRuntime]:
+async def _start_models(specs: list[ModelSpec], settings: Settings, engines: list[asyncio.Task[None]],
+                        make_engine: EngineFactory) -> dict[str, ModelRuntime]:
     """Load each model and warm up its engine (``engines`` gets their running tasks)."""
     runtimes: dict[str, ModelRuntime] = {}
     for spec in specs:
         loaded = await asyncio.to_thread(loader.load, spec, Path(settings.model_cache))
         # packing the weights and building the CPU kernels take seconds: off the event loop (heartbeats)
-        engine = await asyncio.to_thread(Engine, loaded)
+        engine = await asyncio.to_thread(make_engine, loaded)
         engines.append(asyncio.create_task(engine.run()))
         started = time.monotonic()
         await engine.ready()

@@ -1,9 +1,11 @@
 """The benchmark command runs end to end (its short form, on tiny-random); its figures are not
 judged here: speed is measured by running it (docs/performance.md), never in tests."""
 
+import json
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 from tests.support import ROOT
 
@@ -50,3 +52,21 @@ def test_engine_benchmark_runs_and_reports_every_figure() -> None:
         assert row in result.stdout, result.stdout
     assert result.stdout.count("1 streams:") == result.stdout.count("2 streams:") == 4, result.stdout
     assert "FAILED" not in result.stdout
+
+
+def test_event_plane_benchmark_runs_and_reports_every_figure(tmp_path: Path) -> None:
+    figures = tmp_path / "eventplane.json"
+    result = subprocess.run([sys.executable, "-m", "bench.eventplane", "--streams", "4", "--followers", "1", "2",
+                             "--seconds", "1", "--rounds", "1", "--capacity", "4", "--json", str(figures)],
+                            capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    table = result.stdout.split("\n\n")[-1]
+    for row in ("4 streams x 1 follower at 150 tokens/s each: tokens/s", "4 streams x 2 followers",
+                "worker CPU a token (host path)", "Redis CPU a token", "Redis calls (scripts) and bytes a token",
+                "API CPU a token, per follower", "delivery lag, model to client: p50 / p99",
+                "4 streams, the model unpaced: tokens/s one worker carries"):
+        assert row in table, table
+    assert "INCOMPLETE" not in table  # every follower got every token's text, gapless, and the final event
+    runs = json.loads(figures.read_text())["runs"]
+    assert [(run["streams"], run["followers"], run["rate"]) for run in runs] == [(4, 1, 150), (4, 2, 150), (4, 1, 0)]
+    assert all(run["tokens"] > 0 and run["lag_ms"]["p99"] > 0 for run in runs)

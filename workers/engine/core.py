@@ -32,15 +32,17 @@ logger = logging.getLogger(__name__)
 
 class Engine:
     def __init__(self, loaded: LoadedModel, *, compile: bool | Literal["auto"] | None = None,
-                 launch_ahead: bool | None = None) -> None:
+                 launch_ahead: bool | None = None, model: SlotModel | None = None) -> None:
         """``compile``: in place of the model's setting; ``launch_ahead``: start a decoding step before
-        the last one's tokens are read (``workers.engine.scheduler``; None: on a GPU, where the device would
-        wait for the host meanwhile; on a CPU the same thread does both, and it only delays tokens)."""
+        the last one's tokens are read (``workers.engine.scheduler``; None: on a GPU, where the device
+        would wait for the host meanwhile; on a CPU the same thread does both, and it only delays
+        tokens); ``model``: the steps' model in place of the loaded one's (a benchmark's simulated
+        model: ``bench.simulated``)."""
         spec = loaded.spec
         self.loaded = loaded
         wanted = spec.compile if compile is None else compile
         self.compile = loaded.device.type == "cuda" if wanted == "auto" else wanted
-        self.model = slot_model(loaded, self.compile)
+        self.model = slot_model(loaded, self.compile) if model is None else model
         vocab = max(self.model.vocab, Tokenizer.from_str(loaded.card.tokenizer_json).get_vocab_size())
         self.launch_ahead = loaded.device.type == "cuda" if launch_ahead is None else launch_ahead
         self._scheduler = Scheduler(self.model, TokenChooser(self.model.slots, vocab, loaded.device),

@@ -1,11 +1,15 @@
 """Following task event logs: replay from Redis, then live delivery shared per task.
 
-Each API process runs at most one blocking ``XREAD`` per followed task, however many clients
-follow it. A read's events become one link of a chain that every follower walks at its own pace
-(a broadcast list: delivering costs one future, not one queue operation per follower, and a
-follower that fell behind takes every link already there at once). When a read times out after
-the heartbeat interval, the feed adds an empty link: the followers' keep-alive, with no timer of
-their own.
+Each API process reads the live events of every task it follows with one blocking ``XREAD`` over
+all their streams, however many tasks and clients there are: a read returns whatever arrived for
+any of them, so that a busy service costs a read per batch of tasks, not one per task and event
+(docs/performance.md, "The path of an event"). The read also names a stream of the hub's own
+(``keys.hub_wake``): an entry added there ends a blocked read at once, so that the next read
+includes a task that began to be followed meanwhile. A read's events for a task become one link of
+a chain that every follower of that task walks at its own pace (a broadcast list: delivering costs
+one future, not one queue operation per follower, and a follower that fell behind takes every link
+already there at once). A task that received nothing for a heartbeat interval gets an empty link:
+its followers' keep-alive, with no timer of their own.
 
 A follower replays what it missed with ``XRANGE`` first; because event numbers are consecutive,
 it notices any gap between its replay and the shared feed and fills it with another ``XRANGE``.
@@ -15,18 +19,22 @@ So every follower gets each event exactly once and in order, whenever it joins.
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator
 
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
+from redis.typing import KeyT, StreamIdT
 
 from lmsp_core.store import eventlog, keys
 from lmsp_core.store.eventlog import Event
 from lmsp_core.store.tasks import TaskRecord
+from lmsp_core.wire import ids
 
 logger = logging.getLogger(__name__)
 
 Events = list[Event]  # consecutive events, oldest first
+WAKE_TTL = 3600.0  # seconds a hub's wake stream outlives its last entry (an API process that died leaves it)
 
 
 class _Link:
@@ -46,12 +54,15 @@ class _Feed:
         self.cursor = cursor
         self.tail = _Link([])
         self.followers = 0
-        self.runner: asyncio.Task[None] | None = None
+        self.delivered_at = time.monotonic()  # the last link, a heartbeat too
 
     def deliver(self, events: Events) -> None:
         link = _Link(events)
         self.tail.next.set_result(link)
         self.tail = link
+        self.delivered_at = time.monotonic()
+        if events:
+            self.cursor = events[-1].id
 
     def fail(self, exc: BaseException) -> None:
         self.tail.next.set_exception(exc)
@@ -61,8 +72,12 @@ class _Feed:
 class EventHub:
     def __init__(self, redis: Redis, heartbeat: float) -> None:
         self.redis = redis
-        self.block_ms = max(1, int(heartbeat * 1000))
-        self._feeds: dict[str, _Feed] = {}
+        self.heartbeat = heartbeat
+        self._feeds: dict[str, _Feed] = {}  # by events key
+        self._reader: asyncio.Task[None] | None = None
+        self._wake_key = keys.hub_wake(ids.new_id("hub"))
+        self._woken = "0-0"  # the last wake entry the reader saw
+        self._waking: asyncio.Task[None] | None = None
 
     @property
     def followed_tasks(self) -> int:
@@ -141,10 +156,11 @@ class EventHub:
             after = chunk[-1].id
 
     def _attach(self, record: TaskRecord, cursor: int) -> _Feed:
-        feed = self._feeds.get(record.id)
+        key = keys.events(record.id)
+        feed = self._feeds.get(key)
         if feed is None:
-            feed = self._feeds[record.id] = _Feed(record.id, record.response_id, cursor)
-            feed.runner = asyncio.create_task(self._run(feed), name=f"feed-{record.id}")
+            feed = self._feeds[key] = _Feed(record.id, record.response_id, cursor)
+            self._read_it()
         feed.followers += 1
         return feed
 
@@ -154,34 +170,64 @@ class EventHub:
             self._end(feed)
 
     def _end(self, feed: _Feed) -> None:
-        if self._feeds.get(feed.task_id) is feed:
-            del self._feeds[feed.task_id]
-        if feed.runner is not None and feed.runner is not asyncio.current_task():
-            feed.runner.cancel()
-
-    async def _run(self, feed: _Feed) -> None:
         key = keys.events(feed.task_id)
+        if self._feeds.get(key) is feed:
+            del self._feeds[key]  # the reader's next read leaves it out
+
+    def _read_it(self) -> None:
+        """Have the reader include a new feed: start it, or end the read it is blocked in."""
+        if self._reader is None or self._reader.done():
+            self._reader = asyncio.create_task(self._read(), name="event-hub")
+        elif self._waking is None or self._waking.done():
+            self._waking = asyncio.create_task(self._wake())
+
+    async def _wake(self) -> None:
+        with contextlib.suppress(RedisError, OSError):  # the reader's own read fails too, and says so
+            async with self.redis.pipeline(transaction=False) as pipe:
+                pipe.xadd(self._wake_key, {"w": "1"}, maxlen=1, approximate=False)
+                pipe.pexpire(self._wake_key, int(WAKE_TTL * 1000))
+                await pipe.execute()
+
+    async def _read(self) -> None:
+        """Read every followed task's new events, until no task is followed."""
         try:
-            while feed.followers:
-                reply = await self.redis.xread({key: eventlog.stream_id(feed.cursor)}, block=self.block_ms,
-                                               count=eventlog.READ_CHUNK)
-                if not reply:
-                    feed.deliver([])  # nothing for a heartbeat interval
-                for _, entries in reply:
-                    events = eventlog.to_events(entries, feed.response_id)
-                    feed.deliver(events)
-                    feed.cursor = events[-1].id
-                    if events[-1].final:
-                        return
+            while self._feeds:
+                feeds = dict(self._feeds)
+                streams: dict[KeyT, StreamIdT] = {key: eventlog.stream_id(feed.cursor) for key, feed in feeds.items()}
+                streams[self._wake_key] = self._woken
+                reply = await self.redis.xread(streams, block=self._block_ms(), count=eventlog.READ_CHUNK)
+                for key, entries in reply or []:
+                    self._take(key.decode() if isinstance(key, bytes) else key, entries, feeds)
+                self._keep_alive()
         except (RedisError, OSError) as exc:
-            feed.fail(exc)
-        finally:
+            for feed in list(self._feeds.values()):
+                feed.fail(exc)
+                self._end(feed)
+
+    def _take(self, key: str, entries: list[tuple[bytes, dict[bytes, bytes]]], feeds: dict[str, _Feed]) -> None:
+        if key == self._wake_key:
+            self._woken = entries[-1][0].decode()
+            return
+        feed = feeds[key]
+        events = eventlog.to_events(entries, feed.response_id)
+        feed.deliver(events)
+        if events[-1].final:
             self._end(feed)
 
+    def _block_ms(self) -> int:
+        """Until the next feed's heartbeat is due."""
+        due = min(feed.delivered_at for feed in self._feeds.values()) + self.heartbeat
+        return max(1, int((due - time.monotonic()) * 1000))
+
+    def _keep_alive(self) -> None:
+        now = time.monotonic()
+        for feed in list(self._feeds.values()):
+            if now - feed.delivered_at >= self.heartbeat:
+                feed.deliver([])  # nothing for a heartbeat interval
+
     async def close(self) -> None:
-        runners = [feed.runner for feed in self._feeds.values() if feed.runner is not None]
-        for runner in runners:
-            runner.cancel()
-        for runner in runners:
-            with contextlib.suppress(asyncio.CancelledError):
-                await runner
+        for task in (self._reader, self._waking):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task

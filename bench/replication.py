@@ -85,8 +85,8 @@ async def flush_round_trip(stack: ReplicatedStack, api_port: int, table: Table, 
         for i in range(FLUSHES):
             for replicas in (0, 1) if i % 2 == 0 else (1, 0):
                 writer, run = writers[replicas]
-                writer.event(run, wire.TEXT_DELTA, wire.encoder.encode(
-                    wire.OutputTextDelta(response_id=run.response_id, item_id="msg_bench", delta=f" word{i}")))
+                writer.event(run, wire.TEXT_DELTA,
+                             wire.OutputTextDelta(response_id=run.response_id, item_id="msg_bench", delta=f" word{i}"))
                 writer.tokens(run, [i])
                 start = time.perf_counter()
                 await writer.flush()

@@ -114,16 +114,15 @@ async def write_events(stack: Stack, settings: Settings, task: dict[str, Any], c
         await asyncio.sleep(max(0.0, start + i / rate - time.perf_counter()))
         written_at = time.perf_counter()
         if i == 0:
-            number = writer.event(run, wire.CREATED, wire.encoder.encode(wire.ResponseCreated(response_id=rid)))
+            number = writer.event(run, wire.CREATED, wire.ResponseCreated(response_id=rid))
         else:
             delta = wire.OutputTextDelta(response_id=rid, item_id=item, delta=f" word{i}")
-            number = writer.event(run, wire.TEXT_DELTA, wire.encoder.encode(delta))
+            number = writer.event(run, wire.TEXT_DELTA, delta)
         assert number is not None, "the benchmark's own log was closed"
         written[number] = written_at
         await writer.flush()
     usage = wire.Usage(input_tokens=1, output_tokens=count, total_tokens=count + 1)
-    number = writer.event(run, wire.COMPLETED, wire.encoder.encode(
-        wire.ResponseCompleted(response_id=rid, status="completed", usage=usage)))
+    number = writer.event(run, wire.COMPLETED, wire.ResponseCompleted(response_id=rid, status="completed", usage=usage))
     assert number is not None, "the benchmark's own log was closed"
     written[number] = time.perf_counter()
     response = wire.Response(id=rid, created_at=int(record.created_at), status="completed", model=UNSERVED, output=[],

@@ -49,6 +49,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     worker_heartbeat: Seconds = 2.0
     worker_ttl: Seconds = 10.0
     lease_ttl: Seconds = 10.0
+    # a worker appends its tasks' events at most this often (a run's first output at once): the tokens
+    # between two appends share one delta event (docs/performance.md, "The path of an event")
+    event_flush_interval: Annotated[float, Meta(ge=0, le=5)] = 0.02
     max_attempts: Annotated[int, Meta(ge=1)] = 3
     # how often each worker looks for tasks whose worker died (lapsed leases, lost jobs)
     reaper_interval: Seconds = 1.0

@@ -41,6 +41,10 @@ TEST_MODELS: list[dict[str, Any]] = [
     tiny_spec("tiny-reasoning", capabilities=["streaming", "tools", "structured_output"],
               chat_template=REASONING_TEMPLATE, reasoning={"opened_by": "template", "budget": REASONING_BUDGET}),
     tiny_spec("tiny-serial", context_window=32768, max_output_tokens=32000, max_batch_size=1),
+    # served by ``eager_worker``, which appends after every step: a delta a token, many small events
+    tiny_spec("tiny-eager", capabilities=["streaming", "conversations"]),
+    # served by ``patient_worker``, which appends every 3 s: what happens meanwhile is not in the log yet
+    tiny_spec("tiny-patient", context_window=8192, max_output_tokens=8000),
     # served only by the per-GPU workers of test_gpus.py, one task at a time each
     tiny_spec("tiny-pinned", max_batch_size=1),
     # the default model as the tests run it: without compiling its decoding step (minutes)
@@ -79,6 +83,29 @@ async def tiny_worker(redis_server: RedisServer, models_file: str) -> AsyncItera
 async def variant_worker(redis_server: RedisServer, models_file: str) -> AsyncIterator[Worker]:
     """One more worker, started by the first test that needs it, for the test-only model variants."""
     worker = Worker(redis_server.url, ["tiny-reasoning", "tiny-serial"], models_file=models_file)
+    worker.start()
+    try:
+        yield await worker.ready()
+    finally:
+        worker.stop()
+
+
+@pytest_asyncio.fixture(scope="session")
+async def eager_worker(redis_server: RedisServer, models_file: str) -> AsyncIterator[Worker]:
+    """A worker that appends its tasks' events after every step (``LMSP_EVENT_FLUSH_INTERVAL=0``):
+    streams of many small events, whatever the model's speed."""
+    worker = Worker(redis_server.url, ["tiny-eager"], models_file=models_file, event_flush_interval=0)
+    worker.start()
+    try:
+        yield await worker.ready()
+    finally:
+        worker.stop()
+
+
+@pytest_asyncio.fixture(scope="session")
+async def patient_worker(redis_server: RedisServer, models_file: str) -> AsyncIterator[Worker]:
+    """A worker that appends its tasks' events every 3 s (``LMSP_EVENT_FLUSH_INTERVAL=3``)."""
+    worker = Worker(redis_server.url, ["tiny-patient"], models_file=models_file, event_flush_interval=3)
     worker.start()
     try:
         yield await worker.ready()

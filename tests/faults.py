@@ -108,11 +108,16 @@ class Group:
         assert worker_id is not None
         return self.worker_with_id(worker_id)
 
-    async def follow_and_act(self, task_id: str, at: int, act: Callable[[], Awaitable[None]]) -> list[SseEvent]:
-        """Follow the task's events to the end, calling ``act`` once event ``at`` arrived."""
+    async def follow_and_act(self, task_id: str, text_length: int,
+                             act: Callable[[], Awaitable[None]]) -> list[SseEvent]:
+        """Follow the task's events to the end, calling ``act`` once, when its text has at least
+        ``text_length`` characters (a delta carries the tokens between two appends: count text, not
+        events)."""
         log: list[SseEvent] = []
+        acted = False
         async for event in sse_events(self.http, "GET", f"/lmsp/v1/tasks/{task_id}/events"):
             log += logged([event])
-            if event.id == at:
+            if not acted and len(text_of(log)) >= text_length:
+                acted = True
                 await act()
         return log

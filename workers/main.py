@@ -23,10 +23,11 @@ from lmsp_core.requests.chat import PromptRenderer
 from lmsp_core.settings import Settings
 from lmsp_core.store import connections, keys, registry
 from lmsp_core.store.queue import GENERATE
+from workers import notices
 from workers.engine.core import Engine
 from workers.model import loader
 from workers.output.grammar import tokenizer_for
-from workers.queueworker import WakeableWorker, listen_for_wakes
+from workers.queueworker import WakeableWorker
 from workers.reaper import Reaper
 from workers.service import WorkerService
 from workers.taskrun import ModelRuntime
@@ -97,7 +98,7 @@ async def serve(settings: Settings, model_ids: list[str], make_engine: EngineFac
     ]
     reaper = Reaper(redis, service.store, settings, runtimes, held_here=service.runs.keys)
     duties = [service.writer.run(), service.heartbeat(), service.renew_leases(), reaper.run(),
-              listen_for_wakes(redis, service.wakes)]
+              notices.listen(redis, service.notices(), service.poll_all)]
     background = engines + [asyncio.create_task(duty) for duty in duties]
     polling = [asyncio.create_task(worker.main()) for worker in workers]
     await registry.heartbeat(redis, service.info, settings.worker_ttl)

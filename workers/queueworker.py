@@ -27,15 +27,11 @@ import signal
 from typing import Any
 
 from arq.worker import Worker
-from redis.asyncio import Redis
 from redis.exceptions import RedisError
-
-from lmsp_core.store import keys
 
 logger = logging.getLogger(__name__)
 
 FALLBACK_POLL = 1.0
-RESUBSCRIBE_DELAY = 0.5
 
 # arq.worker.Worker's non-public parts this module relies on (arq 0.28): methods overridden or
 # called, with their parameters, and attributes read or changed
@@ -101,29 +97,3 @@ class WakeableWorker(Worker):
     def cancel_jobs(self) -> None:
         """Cancel the running jobs (each hands its task back); arq keeps their jobs queued."""
         self.handle_sig(signal.SIGTERM)
-
-
-async def listen_for_wakes(redis: Redis, wakes: dict[str, asyncio.Event]) -> None:
-    """Set the model's wake event for every message on its wake channel; reconnects forever."""
-    channels = {keys.wake_channel(model_id).encode(): event for model_id, event in wakes.items()}
-    failing = False
-    while True:
-        pubsub = redis.pubsub()
-        try:
-            await pubsub.subscribe(*channels)
-            if failing:
-                logger.info("wake channel back")
-                for event in wakes.values():
-                    event.set()  # messages sent meanwhile are lost: poll now
-            failing = False
-            async for message in pubsub.listen():
-                if message["type"] == "message":
-                    channels[message["channel"]].set()
-        except (RedisError, OSError) as exc:
-            if not failing:
-                logger.warning("wake channel lost (%s); resubscribing", type(exc).__name__)
-            failing = True
-            await asyncio.sleep(RESUBSCRIBE_DELAY)
-        finally:
-            with contextlib.suppress(RedisError, OSError):
-                await pubsub.aclose()  # type: ignore[no-untyped-call]

@@ -19,9 +19,10 @@ from redis.exceptions import RedisError
 
 from lmsp_core import wire
 from lmsp_core.settings import Settings
-from lmsp_core.store import metrics, queue, registry
+from lmsp_core.store import keys, metrics, queue, registry
 from lmsp_core.store.tasks import ClaimOutcome, TaskRecord, TaskStore
 from lmsp_core.wire.errors import GenerationFailed
+from workers import notices
 from workers.taskrun import ModelRuntime, TaskRun, load_history
 from workers.writer import EventWriter
 
@@ -43,6 +44,21 @@ class WorkerService:
         self.info = msgspec.structs.replace(info, state="ready")
         self.wakes = {model_id: asyncio.Event() for model_id in runtimes}
         self._changed = asyncio.Condition()
+
+    def notices(self) -> dict[str, notices.Handler]:
+        """What this worker listens to (``workers.notices``): its queues' wakes and its cancellations."""
+        handlers = {keys.wake_channel(model_id): _setter(wake) for model_id, wake in self.wakes.items()}
+        handlers[keys.cancel_channel(self.info.id)] = self.cancel_requested
+        return handlers
+
+    def poll_all(self) -> None:
+        for wake in self.wakes.values():
+            wake.set()
+
+    def cancel_requested(self, task_id: bytes) -> None:
+        run = self.runs.get(task_id.decode())
+        if run is not None:
+            run.on_cancel_requested()
 
     async def generate(self, ctx: dict[str, Any], task_id: str) -> str:
         """The arq job: run one task to its final event (or hand it back when cancelled)."""
@@ -146,3 +162,7 @@ class WorkerService:
                     logger.warning("task %s: lease lost; stopping", task_id)
                     self.writer.close(task_id)
                     run.on_fenced()
+
+
+def _setter(event: asyncio.Event) -> notices.Handler:
+    return lambda _: event.set()

@@ -38,7 +38,7 @@ from workers.output.grammar import GrammarConstraint
 from workers.output.items import Mode, OutEvent, OutputAssembler
 from workers.output.pipeline import OutputPipeline
 from workers.output.reasoning import ReasoningConstraint
-from workers.writer import EventWriter
+from workers.writer import DELTAS, EventWriter
 
 logger = logging.getLogger(__name__)
 
@@ -112,6 +112,7 @@ class TaskRun:
         self._recorder = recorder or metrics.Recorder()
         self._meter: metrics.TokenMeter | None = None
         self._delivered = DeliveredOutput()  # what the task's events delivered, stored and written by this run
+        self._output_started = False  # a text delta was published (the events before it are urgent)
 
     # --- the writer's view (Writable) -----------------------------------------------------------
 
@@ -265,10 +266,12 @@ class TaskRun:
     # --- events ----------------------------------------------------------------------------------
 
     def _publish(self, events: list[OutEvent]) -> None:
-        """Events out, in order: to the writer, and to what the run has delivered."""
+        """Events out, in order: to the writer, and to what the run has delivered. Until the run's
+        first token has given one, its events are urgent: the first token is not held for a flush."""
         for name, data in events:
             self._delivered.add(name, data)
-            self.writer.event(self, name, wire.encoder.encode(data))
+            self.writer.event(self, name, data, urgent=not self._output_started)
+            self._output_started = self._output_started or name in DELTAS
 
     def _publish_one(self, name: str, data: Any) -> None:
         self._publish([(name, data)])

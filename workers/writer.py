@@ -3,10 +3,19 @@
 Runs add events and token checkpoints as tokens arrive; the writer numbers the events. A flush
 sends every task's pending batches, each as one call of the append script, all in one pipeline,
 so round trips do not grow with tokens x streams. The call, its arguments and its typed reply are
-``lmsp_core.store.eventstore``'s. A batch that failed to send stays queued and is sent again; a batch
-that Redis applied although its answer was lost (the connection dropped) is recognised by its event
-number and token offset and counted as done. The script's answer also carries the task's cancel
-flag, so a worker learns of a cancellation without polling.
+``lmsp_core.store.eventstore``'s.
+
+Flushes come at most every ``event_flush_interval`` seconds, except where a run's first output or
+its end waits (the first token and the final event go out at once): the tokens of the steps between
+two flushes go in one batch, and a text delta added right after an unsent delta of the same item
+joins it, so that a stream's event carries the text of several tokens and every cost that is paid
+per event (the script, the stream entry, the API's read and SSE write) is paid once for them
+(docs/protocol.md, "Text deltas"; docs/performance.md, "The path of an event").
+
+A batch that failed to send stays queued and is sent again; a batch that Redis applied although its
+answer was lost (the connection dropped) is recognised by its event number and token offset and
+counted as done. The script's answer also carries the task's cancel flag, so a worker learns of a
+cancellation without polling.
 
 With replicas to wait for (``redis_wait_replicas``), the pipeline ends with ``WAIT``: a batch counts
 as stored once a replica holds it too (or the wait timed out, or no replica is online: see
@@ -16,14 +25,18 @@ the same bytes under the same numbers, to the new primary (docs/reliability.md).
 """
 
 import asyncio
+import contextlib
 import logging
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Protocol
 
+import msgspec
 from redis.asyncio import Redis
 from redis.exceptions import NoScriptError, RedisError
 
+from lmsp_core import wire
 from lmsp_core.settings import Settings
 from lmsp_core.store import connections
 from lmsp_core.store.eventstore import Append, AppendOutcome, AppendReply, EventStore, Final, reply_of
@@ -31,6 +44,8 @@ from lmsp_core.store.eventstore import Append, AppendOutcome, AppendReply, Event
 logger = logging.getLogger(__name__)
 
 RETRY_DELAYS = (0.05, 0.1, 0.25, 0.5, 1.0)
+DeltaEvent = wire.OutputTextDelta | wire.ReasoningSummaryTextDelta
+DELTAS = (wire.TEXT_DELTA, wire.REASONING_DELTA)  # events whose text a later one of the same item extends
 
 
 class Writable(Protocol):
@@ -56,15 +71,27 @@ class Writable(Protocol):
 class _Pending:
     first_id: int
     token_offset: int
-    events: list[tuple[str, bytes]] = field(default_factory=list)
+    events: list[tuple[str, msgspec.Struct]] = field(default_factory=list)
     tokens: list[int] = field(default_factory=list)
     final: Final | None = None
     sent: bool = False
 
+    def add(self, name: str, data: msgspec.Struct) -> bool:
+        """Add an event; returns whether it is a new one (False: its text joined the last delta)."""
+        if name in DELTAS and self.events:
+            last_name, last = self.events[-1]
+            if last_name == name and isinstance(last, DeltaEvent) and isinstance(data, DeltaEvent) \
+                    and last.item_id == data.item_id:
+                self.events[-1] = (name, msgspec.structs.replace(last, delta=last.delta + data.delta))
+                return False
+        self.events.append((name, data))
+        return True
+
     def call(self, owner: Writable) -> Append:
         """The append script's call for this batch as it stands."""
+        events = tuple((name, wire.encoder.encode(data)) for name, data in self.events)
         return Append(task_id=owner.task_id, response_id=owner.response_id, lease=owner.lease,
-                      first_id=self.first_id, events=tuple(self.events), token_offset=self.token_offset,
+                      first_id=self.first_id, events=events, token_offset=self.token_offset,
                       tokens=tuple(self.tokens), final=self.final)
 
 
@@ -90,6 +117,9 @@ class EventWriter:
         self._store = EventStore(redis, settings)
         self._logs: dict[str, _Log] = {}
         self._dirty = asyncio.Event()
+        self._urgent = asyncio.Event()  # a run's first output waits: flush without waiting the interval
+        self._interval = settings.event_flush_interval
+        self._last_flush = 0.0
         self._flushed = asyncio.Condition()
         self._replicas = connections.ReplicaWatch(settings)
         self._replicas_short = False  # the last flush was not confirmed by replicas: on the primary alone
@@ -99,14 +129,18 @@ class EventWriter:
     def open(self, run: Writable, last_event_id: int, token_count: int) -> None:
         self._logs[run.task_id] = _Log(owner=run, next_id=last_event_id + 1, token_count=token_count)
 
-    def event(self, run: Writable, name: str, data: bytes) -> int | None:
-        """Add an event; returns its number (None: the run's log is closed, the event dropped)."""
+    def event(self, run: Writable, name: str, data: msgspec.Struct, urgent: bool = False) -> int | None:
+        """Add an event; returns its number (None: the run's log is closed, the event dropped). A text
+        delta may join the unsent one before it, and then has its number. ``urgent``: flush it
+        without waiting for the interval (a run's first output)."""
         log = self._log_of(run)
         if log is None:
             return None
-        log.open_batch().events.append((name, data))
-        log.next_id += 1
+        if log.open_batch().add(name, data):
+            log.next_id += 1
         self._dirty.set()
+        if urgent:
+            self._urgent.set()
         return log.next_id - 1
 
     def tokens(self, run: Writable, tokens: list[int]) -> None:
@@ -118,11 +152,14 @@ class EventWriter:
         self._dirty.set()
 
     def finalize(self, run: Writable, final: Final) -> None:
+        """End the run's log with its last batch, flushed without waiting for the interval (a client
+        that waits for the whole response waits for it)."""
         log = self._log_of(run)
         if log is None:
             return
         log.open_batch().final = final
         self._dirty.set()
+        self._urgent.set()
 
     def close(self, task_id: str) -> None:
         """Forget a task; anything still unsent for it is dropped, and so is what its run adds later
@@ -149,7 +186,10 @@ class EventWriter:
         failures = 0
         while True:
             await self._dirty.wait()
+            await self._until_due()
             self._dirty.clear()
+            self._urgent.clear()
+            self._last_flush = time.monotonic()
             try:
                 if failures:
                     # Redis came back, maybe as another server (a promoted replica) or without its
@@ -164,6 +204,14 @@ class EventWriter:
                 logger.warning("event flush failed (%s); retrying in %.2fs", type(exc).__name__, delay)
                 self._dirty.set()
                 await asyncio.sleep(delay)
+
+    async def _until_due(self) -> None:
+        """Wait until ``event_flush_interval`` has passed since the last flush, or something is urgent."""
+        wait = self._last_flush + self._interval - time.monotonic()
+        if wait > 0 and not self._urgent.is_set():
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(wait):
+                    await self._urgent.wait()
 
     async def flush(self) -> None:
         sending = [(log, batch) for log in self._logs.values() for batch in log.batches]

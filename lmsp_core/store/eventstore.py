@@ -13,6 +13,7 @@ every call of the task scripts; readers of the log use ``eventlog``.
 """
 
 import enum
+import functools
 import struct
 from collections.abc import Sequence
 
@@ -113,6 +114,7 @@ class EventStore:
     def __init__(self, redis: Redis, settings: Settings) -> None:
         self.redis = redis
         self._script = redis.register_script(scripts.APPEND)
+        self._sha = self._script.sha.encode()
         self._lease_ttl_ms = int(settings.lease_ttl * 1000)
         self._event_ttl_ms = int(settings.event_retention * 1000)
         self._task_ttl_ms = int(settings.task_retention * 1000)
@@ -125,21 +127,33 @@ class EventStore:
         """Queue the call in ``pipe``; its answer goes to ``reply_of``. EVALSHA straight into the
         pipeline: redis-py's Script would ask SCRIPT EXISTS first, a second round trip; a Redis
         that lost its scripts answers NOSCRIPT instead (then ``load_script`` and send again)."""
-        task_keys = keys.script_keys(append.task_id)
-        pipe.execute_command("EVALSHA", self._script.sha, len(task_keys), *task_keys, *self._args(append))
+        pipe.execute_command(b"EVALSHA", self._sha, *_call_keys(append.task_id), *self._args(append))
 
     async def append(self, append: Append) -> AppendReply:
         """One append on its own (loads the script when Redis lacks it)."""
         answer = await self._script(keys=keys.script_keys(append.task_id), args=self._args(append))
         return reply_of(append, answer)
 
-    def _args(self, append: Append) -> list[str | bytes | int]:
+    def _args(self, append: Append) -> tuple[bytes, bytes]:
+        """The call's two arguments (``scripts.APPEND``): the call packed, and the token bytes."""
         final = append.final
-        args: list[str | bytes | int] = [
-            append.lease, append.first_id, len(append.events), pack_tokens(append.tokens), append.token_offset,
-            self._lease_ttl_ms, "1" if final else "", final.status if final else "", final.response if final else b"",
-            final.error if final else b"", self._event_ttl_ms, self._task_ttl_ms,
+        fields: list[str | int | bool] = [
+            append.lease, append.first_id, append.token_offset, self._lease_ttl_ms, final is not None,
+            final.status if final else "", final.response.decode() if final else "",
+            final.error.decode() if final else "", self._event_ttl_ms, self._task_ttl_ms,
         ]
         for name, data in append.events:
-            args += eventlog.pack(name, data, append.response_id)
-        return args
+            code, stored = eventlog.pack(name, data, append.response_id)
+            fields += (code, stored.decode())  # JSON: UTF-8, which Redis's MessagePack takes as strings
+        return _MSGPACK.encode(fields), pack_tokens(append.tokens)
+
+
+_MSGPACK = msgspec.msgpack.Encoder()
+
+
+@functools.lru_cache(maxsize=4096)
+def _call_keys(task_id: str) -> tuple[bytes, ...]:
+    """The key count and keys of a task's append, as the call sends them: a flush sends one call for
+    each running task, and what each costs to pack follows its arguments that are not bytes."""
+    task_keys = keys.script_keys(task_id)
+    return (b"%d" % len(task_keys), *(key.encode() for key in task_keys))

@@ -65,6 +65,17 @@ def wake_channel(model_id: str) -> str:
     return f"{PREFIX}:wake:{model_id}"
 
 
+def cancel_channel(worker_id: str) -> str:
+    """Pub/sub channel: the ids of the worker's running tasks that a client cancelled."""
+    return f"{PREFIX}:cancel:{worker_id}"
+
+
+def hub_wake(hub_id: str) -> str:
+    """Stream an API process's event hub reads beside the tasks it follows: an entry added here ends
+    the hub's blocking read, so that its next one includes a task it just began to follow."""
+    return f"{PREFIX}:hubwake:{hub_id}"
+
+
 def replication_mark() -> str:
     """Pub/sub channel that nobody reads: an empty message published before WAIT, so that the WAIT
     covers every write made before it (see ``lmsp_core.store.connections.replicated``)."""

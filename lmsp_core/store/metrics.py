@@ -80,11 +80,11 @@ class Recorder:
         self._counts[field(counter.name, labels)] += n
 
     def observe(self, histogram: Histogram, labels: tuple[str, ...], value: float) -> None:
-        index = bisect.bisect_left(histogram.buckets, value)
-        bound = repr(float(histogram.buckets[index])) if index < len(histogram.buckets) else "+Inf"
-        self._counts[field(histogram.name, labels, bound)] += 1
-        self._counts[field(histogram.name, labels, "count")] += 1
-        self._sums[field(histogram.name, labels, "sum")] += value
+        self.series(histogram, labels).observe(value)
+
+    def series(self, histogram: Histogram, labels: tuple[str, ...]) -> "Series":
+        """One labelled series of ``histogram``, its fields made once (a meter observes every token)."""
+        return Series(self, histogram, labels)
 
     def meter(self, model: str, created_at: float, resumed: bool) -> "TokenMeter":
         return TokenMeter(self, model, created_at, resumed)
@@ -123,6 +123,26 @@ class Recorder:
                 raise
 
 
+class Series:
+    """A histogram's series of one set of labels, observed into a ``Recorder``."""
+
+    __slots__ = ("_buckets", "_count", "_fields", "_recorder", "_sum")
+
+    def __init__(self, recorder: Recorder, histogram: Histogram, labels: tuple[str, ...]) -> None:
+        self._recorder = recorder
+        self._buckets = histogram.buckets
+        bounds = [repr(float(bound)) for bound in histogram.buckets] + ["+Inf"]
+        self._fields = [field(histogram.name, labels, bound) for bound in bounds]
+        self._count = field(histogram.name, labels, "count")
+        self._sum = field(histogram.name, labels, "sum")
+
+    def observe(self, value: float) -> None:
+        counts = self._recorder._counts
+        counts[self._fields[bisect.bisect_left(self._buckets, value)]] += 1
+        counts[self._count] += 1
+        self._recorder._sums[self._sum] += value
+
+
 class TokenMeter:
     """The per-token measurements of one generation: count, time to first token, inter-token gaps."""
 
@@ -132,6 +152,7 @@ class TokenMeter:
         self._recorder = recorder
         self._labels = (model,)
         self._count = field(TOKENS.name, self._labels)
+        self._itl = recorder.series(ITL, self._labels)
         self._created_at = created_at
         self._resumed = resumed  # a resumed task's first token is not its first
         self._last: float | None = None
@@ -141,7 +162,7 @@ class TokenMeter:
         recorder = self._recorder
         recorder._counts[self._count] += 1
         if self._last is not None:
-            recorder.observe(ITL, self._labels, now - self._last)
+            self._itl.observe(now - self._last)
         elif not self._resumed:
             # created_at is the API host's wall clock: a cross-host measurement, like queue time
             recorder.observe(TTFT, self._labels, max(0.0, time.time() - self._created_at))

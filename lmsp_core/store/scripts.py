@@ -45,32 +45,38 @@ end
 """
 
 # KEYS: task, events, tokens, stored (keys.script_keys)
-# ARGV: lease, first_id, n_events, token_bytes, token_offset, lease_ttl_ms,
-#       final ('1' or ''), status, response_json, error_json, event_ttl_ms, task_ttl_ms,
-#       then n_events pairs of (event code, stored data): eventlog.pack
+# ARGV[1]: the call as one MessagePack array (one argument rather than a dozen and two an event:
+#   what a call costs to pack and to parse follows its arguments): lease, first_id, token_offset,
+#   lease_ttl_ms, final (true or false), status, response_json, error_json, event_ttl_ms,
+#   task_ttl_ms, then the events as (event code, stored data) pairs (eventlog.pack)
+# ARGV[2]: the token bytes (eventstore.pack_tokens; binary, which Redis's MessagePack reads no strings of)
 # Returns {'appended', cancel_requested}; {'mismatch', last_event_id, tokens_stored} when the batch
 # does not follow what is stored (already applied, or written by someone else); {'not_held'} when
 # the lease is not ours. The order of the checks lets a writer recognise a batch it sent before and
-# that did land. The caller is ``eventstore.EventStore``, which types the reply (``reply_of``).
+# that did land. The caller is ``eventstore.EventStore``, which packs the call and types the reply
+# (``reply_of``).
 APPEND = (
     _NOW_MS
     + _FINALIZE
     + """
-local last = tonumber(redis.call('HGET', KEYS[1], 'last_event_id') or '0')
+local a = cmsgpack.unpack(ARGV[1])
+local held = redis.call('HMGET', KEYS[1], 'last_event_id', 'lease', 'cancel')
+local last = tonumber(held[1] or '0')
 local stored = redis.call('STRLEN', KEYS[3]) / 4
-if tonumber(ARGV[2]) ~= last + 1 or tonumber(ARGV[5]) ~= stored then return {'mismatch', last, stored} end
-if redis.call('HGET', KEYS[1], 'lease') ~= ARGV[1] then return {'not_held'} end
-local n = tonumber(ARGV[3])
+if a[2] ~= last + 1 or a[3] ~= stored then return {'mismatch', last, stored} end
+if held[2] ~= a[1] then return {'not_held'} end
+local n = (#a - 10) / 2
 for i = 0, n - 1 do
-  add_event(last + 1 + i, ARGV[13 + 2 * i], ARGV[14 + 2 * i])
+  redis.call('XADD', KEYS[2], '0-' .. (last + 1 + i), 'event', a[11 + 2 * i], 'data', a[12 + 2 * i])
 end
-if ARGV[4] ~= '' then redis.call('APPEND', KEYS[3], ARGV[4]) end
-if ARGV[7] == '1' then
-  finalize(ARGV[8], ARGV[9], ARGV[10], ARGV[11], ARGV[12])
+if ARGV[2] ~= '' then redis.call('APPEND', KEYS[3], ARGV[2]) end
+if a[5] then
+  redis.call('HSET', KEYS[1], 'last_event_id', last + n)
+  finalize(a[6], a[7], a[8], a[9], a[10])
   return {'appended', 0}
 end
-redis.call('HSET', KEYS[1], 'lease_until', now_ms + tonumber(ARGV[6]))
-return {'appended', redis.call('HEXISTS', KEYS[1], 'cancel')}
+redis.call('HSET', KEYS[1], 'last_event_id', last + n, 'lease_until', now_ms + a[4])
+return {'appended', held[3] and 1 or 0}
 """
 )
 
@@ -104,10 +110,11 @@ return {status}
 )
 
 # KEYS: task, events, tokens, stored (keys.script_keys)
-# ARGV: cancelled_data (packed), cancelled_response_json, event_ttl_ms, task_ttl_ms
+# ARGV: cancelled_data (packed), cancelled_response_json, event_ttl_ms, task_ttl_ms, the task's id,
+#       the cancel channel of a worker without its id (keys.cancel_channel(""))
 # Returns 'dequeued' for a queued task (now cancelled: its stream gets response.cancelled at once),
-# 'in_progress' for a running one (its worker stops it), the final status for a finished one, or
-# 'missing'.
+# 'in_progress' for a running one (flagged, and its id published to its worker, which stops it),
+# the final status for a finished one, or 'missing'.
 CANCEL = (
     _NOW_MS
     + _FINALIZE
@@ -120,7 +127,11 @@ if status == 'queued' then
   finalize('cancelled', ARGV[2], '', ARGV[3], ARGV[4])
   return 'dequeued'
 end
-if status == 'in_progress' then redis.call('HSET', KEYS[1], 'cancel', '1') end
+if status == 'in_progress' then
+  redis.call('HSET', KEYS[1], 'cancel', '1')
+  local worker = redis.call('HGET', KEYS[1], 'worker')
+  if worker then redis.call('PUBLISH', ARGV[6] .. worker, ARGV[5]) end
+end
 return status
 """
 )

@@ -250,7 +250,8 @@ class TaskStore:
             wire.ResponseCancelled(response_id=record.response_id, status="cancelled")), record.response_id)
         response = wire.encoder.encode(cancelled_response(record))
         status = (await self._cancel(
-            keys=keys.script_keys(record.id), args=[data, response, self.event_ttl_ms, self.task_ttl_ms]
+            keys=keys.script_keys(record.id),
+            args=[data, response, self.event_ttl_ms, self.task_ttl_ms, record.id, keys.cancel_channel("")]
         )).decode()
         if status == "dequeued":  # only the call that cancelled it counts it
             await queue.withdraw(self.redis, record.job or record.id, record.model)

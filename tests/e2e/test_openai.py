@@ -186,11 +186,13 @@ async def test_a_background_response_is_a_task(sdk: openai.AsyncOpenAI, client: 
     assert "".join(deltas) == text_of(events) == strict(await sdk.responses.retrieve(queued.id)).output_text
 
 
-async def test_a_cut_stream_resumes_after_its_last_event(api: Api, sdk: openai.AsyncOpenAI) -> None:
+async def test_a_cut_stream_resumes_after_its_last_event(api: Api, sdk: openai.AsyncOpenAI,
+                                                         eager_worker: Worker) -> None:
     """A background stream cut mid-body (tests/proxy.py) and resumed with ``starting_after``: the events
     of an uninterrupted reading, each once, and the text of an uninterrupted run. (A worker killed
     under a background response: tests/e2e/test_reclaim.py.)"""
-    request: dict[str, Any] = {"model": MODEL, "input": "Tell me about the sea.", "max_output_tokens": 160}
+    # a worker that appends after every step: many small events, so that the cut falls mid-stream
+    request: dict[str, Any] = {"model": "tiny-eager", "input": "Tell me about the sea.", "max_output_tokens": 160}
     reference = (await sdk.responses.create(**request)).output_text
     seen: list[Any] = []
     with CuttingProxy(api.port, cut_after=7000, match=b"/v1/responses") as proxy:

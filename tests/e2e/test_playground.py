@@ -32,10 +32,10 @@ def stored_text(api: Api, task_id: str) -> str:
     return "".join(part["text"] for item in task["response"]["output"] for part in item["content"])
 
 
-async def start(page: Any, url: str, tokens: int) -> None:
+async def start(page: Any, url: str, tokens: int, model: str = "tiny-random") -> None:
     await page.goto(url)
-    await page.wait_for_selector("#model option[value='tiny-random']", state="attached")
-    await page.select_option("#model", "tiny-random")
+    await page.wait_for_selector(f"#model option[value='{model}']", state="attached")
+    await page.select_option("#model", model)
     await page.fill("#prompt", "Tell me about queues.")
     await page.fill("#max-tokens", str(tokens))
     await page.click("#send")
@@ -48,10 +48,10 @@ async def finished(page: Any) -> str:
     return task_id
 
 
-async def test_page_streams_through_a_connection_cut_mid_stream(browser: Any, api: Api, tiny_worker: Worker) -> None:
-    with CuttingProxy(api.port, cut_after=6000) as proxy:
+async def test_page_streams_through_a_connection_cut_mid_stream(browser: Any, api: Api, eager_worker: Worker) -> None:
+    with CuttingProxy(api.port, cut_after=6000) as proxy:  # many small events: cut in several places
         page = await browser.new_page()
-        await start(page, proxy.url + "/", 250)
+        await start(page, proxy.url + "/", 250, model="tiny-eager")
         task_id = await finished(page)
         assert proxy.cuts >= 2
         output = await page.text_content("#output")

@@ -7,10 +7,22 @@ from typing import Any
 import httpx
 import msgspec
 import pytest
+import redis.asyncio as aioredis
 
 from lmsp_core import wire
 from lmsp_core.store import keys
-from tests.support import SseEvent, assert_complete_log, assert_problem, body, collect, logged, sse_events
+from tests.support import (
+    Api,
+    SseEvent,
+    Worker,
+    assert_complete_log,
+    assert_problem,
+    body,
+    collect,
+    final_status,
+    logged,
+    sse_events,
+)
 
 
 async def create(client: httpx.AsyncClient, **fields: Any) -> dict[str, Any]:
@@ -72,8 +84,8 @@ async def test_cursor_at_or_beyond_the_end_of_a_final_task(client: httpx.AsyncCl
     assert await collect(client, "GET", f"{url}?after=999") == []
 
 
-async def test_cursor_beyond_the_end_of_a_running_task_waits(client: httpx.AsyncClient) -> None:
-    task = await create(client, max_output_tokens=1000)
+async def test_cursor_beyond_the_end_of_a_running_task_waits(client: httpx.AsyncClient, eager_worker: Worker) -> None:
+    task = await create(client, model="tiny-eager", max_output_tokens=1000)  # an event a token
     # asked at once, event 300 does not exist yet: the stream waits for it
     tail = logged(await collect(client, "GET", f"/lmsp/v1/tasks/{task['id']}/events?after=300"))
     log = await events(client, task["id"])
@@ -210,7 +222,7 @@ async def test_cancel_a_running_task(client: httpx.AsyncClient) -> None:
     task = await create(client, max_output_tokens=1000)
     url = f"/lmsp/v1/tasks/{task['id']}/events"
     async for event in sse_events(client, "GET", url):
-        if event.id == 5:
+        if event.event == wire.TEXT_DELTA:  # running
             break
     cancelled = (await client.post(f"/lmsp/v1/tasks/{task['id']}/cancel")).json()
     assert cancelled["status"] == "cancelled"
@@ -234,10 +246,11 @@ async def test_retention_settings_are_key_expiries(client: httpx.AsyncClient, re
     assert 86000 < await redis.ttl(keys.task(task["id"])) <= 86400
 
 
-async def test_a_finished_log_is_stored_compactly_and_replays_whole(client: httpx.AsyncClient, redis: Any) -> None:
+async def test_a_finished_log_is_stored_compactly_and_replays_whole(client: httpx.AsyncClient, redis: Any,
+                                                                   eager_worker: Worker) -> None:
     from lmsp_core.store import keys
 
-    task = await create(client, max_output_tokens=200)
+    task = await create(client, model="tiny-eager", max_output_tokens=200)  # an event a token
     streamed = await events(client, task["id"])
     assert_complete_log(streamed)
     key = keys.events(task["id"])
@@ -276,3 +289,29 @@ async def test_the_api_renders_the_prompt_once_and_the_worker_uses_it(client: ht
     final = [e for e in await events(client, task["id"]) if e.event in wire.FINAL_EVENTS][-1]
     usage = final.data["usage"]
     assert usage["input_tokens"] == len(stored[b"prompt"]) // 4  # the worker ran the API's prompt
+
+
+async def test_a_cancel_reaches_the_worker_at_once_between_its_appends(api: Api, patient_worker: Worker,
+                                                                       redis: aioredis.Redis) -> None:
+    """The worker appends every 3 s, but hears of the cancellation at once (its cancel channel): the
+    task ends within a step or so, not at the next append's reply."""
+    async with httpx.AsyncClient(base_url=api.url, timeout=60) as client:
+        task = await create(client, model="tiny-patient", max_output_tokens=8000)
+        async for event in sse_events(client, "GET", f"/lmsp/v1/tasks/{task['id']}/events"):
+            if event.event == wire.TEXT_DELTA:
+                break  # the first output goes out at once; the next append is 3 s away
+        started = asyncio.get_running_loop().time()
+        await client.post(f"/lmsp/v1/tasks/{task['id']}/cancel")
+        final = await final_status(redis, task["response_id"])
+        assert final[b"status"] == b"cancelled"
+        assert asyncio.get_running_loop().time() - started < 1.0
+
+
+async def test_a_delta_carries_the_tokens_between_two_appends(client: httpx.AsyncClient) -> None:
+    task = await create(client, max_output_tokens=300)
+    log = await events(client, task["id"])
+    deltas = [e for e in log if e.event == wire.TEXT_DELTA]
+    final = (await client.get(f"/lmsp/v1/tasks/{task['id']}")).json()
+    assert final["response"]["usage"]["output_tokens"] == 300
+    assert len(deltas) < 300  # several tokens a delta: the model is faster than the flush interval
+    assert "".join(e.data["delta"] for e in deltas) == final["response"]["output"][0]["content"][0]["text"]

@@ -47,12 +47,12 @@ async def lapse(redis: aioredis.Redis, record: TaskRecord) -> None:
     await redis.hset(keys.task(record.id), "lease_until", 1)  # type: ignore[misc]
 
 
-def delta(record: TaskRecord, text: str) -> bytes:
-    return wire.encoder.encode(wire.OutputTextDelta(response_id=record.response_id, item_id="msg_1", delta=text))
+def delta(record: TaskRecord, text: str) -> wire.OutputTextDelta:
+    return wire.OutputTextDelta(response_id=record.response_id, item_id="msg_1", delta=text)
 
 
 def deltas(record: TaskRecord, texts: str) -> tuple[tuple[str, bytes], ...]:
-    return tuple((wire.TEXT_DELTA, delta(record, text)) for text in texts)
+    return tuple((wire.TEXT_DELTA, wire.encoder.encode(delta(record, text))) for text in texts)
 
 
 async def append(events: EventStore, record: TaskRecord, lease: str, first_id: int, texts: str,

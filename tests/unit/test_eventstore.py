@@ -21,14 +21,14 @@ async def test_an_append_stores_events_and_tokens_together(redis: aioredis.Redis
                                                            events: EventStore, model: str) -> None:
     record = await new_task(store, model)
     await claimed(store, record, "a")
-    first = await append(events, record, "a", 1, "xy", 0, (7, 8))
-    second = await append(events, record, "a", 3, "z", 2, (2**32 - 1,))
+    first = await append(events, record, "a", 1, "x\u00e9", 0, (7, 8))
+    second = await append(events, record, "a", 3, "\U0001f642", 2, (2**32 - 1,))
     assert first.outcome is second.outcome is AppendOutcome.STORED and first.stored
     assert not second.cancel_requested
     assert await _texts(redis, record.id, record.response_id) == [
-        (1, wire.TEXT_DELTA, "x"), (2, wire.TEXT_DELTA, "y"), (3, wire.TEXT_DELTA, "z")]
+        (1, wire.TEXT_DELTA, "x"), (2, wire.TEXT_DELTA, "\u00e9"), (3, wire.TEXT_DELTA, "\U0001f642")]
     stored = await eventlog.read_after(redis, record.id, record.response_id, 0)
-    assert [(e.name, e.data) for e in stored] == list(deltas(record, "xyz"))  # the bytes that went in
+    assert [(e.name, e.data) for e in stored] == list(deltas(record, "x\u00e9\U0001f642"))  # the bytes that went in
     assert await read_tokens(redis, record.id) == (7, 8, 2**32 - 1)
     assert (await store.get(record.id)).last_event_id == 3  # type: ignore[union-attr]
 
@@ -83,8 +83,9 @@ async def test_the_final_batch_ends_the_task_and_nothing_follows(redis: aioredis
     await claimed(store, record, "a")
     usage = wire.Usage(input_tokens=1, output_tokens=1, total_tokens=2)
     done = wire.encoder.encode(wire.ResponseCompleted(response_id=record.response_id, status="completed", usage=usage))
+    text = wire.OutputMessage(id="msg_1", content=[wire.OutputTextPart(text="caf\u00e9 \u2615")])
     response = wire.Response(id=record.response_id, created_at=int(record.created_at), status="completed",
-                             model=model, output=[], usage=usage)
+                             model=model, output=[text], usage=usage)
     reply = await events.append(Append(
         task_id=record.id, response_id=record.response_id, lease="a", first_id=1,
         events=(*deltas(record, "a"), (wire.COMPLETED, done)), token_offset=0, tokens=(4,),

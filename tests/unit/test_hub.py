@@ -159,3 +159,53 @@ async def test_a_follower_of_a_log_that_ends_before_its_cursor_ends_too(redis: a
     await _until(lambda: follower.heartbeats > 0)
     await _add(redis, record, 3, 4, final=True)
     assert await follower.done() == []
+
+
+async def _blocked_reads(redis: aioredis.Redis) -> int:
+    return sum(client["cmd"] == "xread" and "b" in client["flags"] for client in await redis.client_list())
+
+
+async def test_one_read_follows_every_task(redis: aioredis.Redis, hub: EventHub) -> None:
+    records = [_record() for _ in range(20)]
+    followers = [Follower(hub, record, 0) for record in records]
+    await _until(lambda: all(follower.heartbeats for follower in followers))
+    blocked = []
+    for _ in range(20):
+        blocked.append(await _blocked_reads(redis))
+        await asyncio.sleep(HEARTBEAT / 5)
+    assert max(blocked) == 1  # one read for 20 tasks (none between two reads)
+    for record in records:
+        await _add(redis, record, 1, 3, final=True)
+    assert [await follower.done() for follower in followers] == [[1, 2, 3]] * 20
+    assert hub.followed_tasks == 0
+
+
+async def test_a_quiet_task_keeps_its_heartbeat_beside_a_busy_one(redis: aioredis.Redis, hub: EventHub) -> None:
+    busy, quiet = _record(), _record()
+    talking, waiting = Follower(hub, busy, 0), Follower(hub, quiet, 0)
+    for number in range(1, 21):  # an event every half heartbeat: the busy feed never needs one
+        await _add(redis, busy, number, number)
+        await asyncio.sleep(HEARTBEAT / 2)
+    assert waiting.heartbeats >= 5 and len(talking.ids) == 20
+    await _add(redis, busy, 21, 21, final=True)
+    await _add(redis, quiet, 1, 1, final=True)
+    assert await waiting.done() == [1]
+
+
+async def test_a_task_followed_during_a_blocked_read_is_read_at_once(redis: aioredis.Redis) -> None:
+    hub = EventHub(redis, heartbeat=30.0)  # the read blocks for that long unless it is woken
+    try:
+        first, second = _record(), _record()
+        early = Follower(hub, first, 0)
+        await _until(lambda: hub.followed_tasks == 1)
+        async with asyncio.timeout(10):
+            while not await _blocked_reads(redis):
+                await asyncio.sleep(0.005)
+        joining = Follower(hub, second, 0)
+        await _add(redis, second, 1, 2, final=True)
+        async with asyncio.timeout(2):  # not the 30 s the read was blocked for
+            assert await joining.done() == [1, 2]
+        await _add(redis, first, 1, 1, final=True)
+        assert await early.done() == [1]
+    finally:
+        await hub.close()

@@ -14,8 +14,8 @@ from workers.taskrun import History, load_history
 from workers.writer import EventWriter
 
 
-def _added(record: TaskRecord, index: int, item: wire.OutputItem) -> bytes:
-    return wire.encoder.encode(wire.OutputItemAdded(response_id=record.response_id, output_index=index, item=item))
+def _added(record: TaskRecord, index: int, item: wire.OutputItem) -> wire.OutputItemAdded:
+    return wire.OutputItemAdded(response_id=record.response_id, output_index=index, item=item)
 
 
 async def test_a_resumed_run_continues_where_the_stored_log_ends(redis: aioredis.Redis, store: TaskStore,
@@ -26,14 +26,13 @@ async def test_a_resumed_run_continues_where_the_stored_log_ends(redis: aioredis
     call = wire.OutputFunctionCall(id="fc_1", call_id="call_1", name="f", arguments="{}")
     first, writer = Run(record, "first"), EventWriter(redis, settings)
     writer.open(first, 0, 0)
-    writer.event(first, wire.CREATED, wire.encoder.encode(wire.ResponseCreated(response_id=record.response_id)))
+    writer.event(first, wire.CREATED, wire.ResponseCreated(response_id=record.response_id))
     writer.event(first, wire.ITEM_ADDED, _added(record, 0, message))
     deltas = eventlog.READ_CHUNK + 10  # the history is read in more than one chunk
-    for i in range(deltas):
+    for i in range(deltas):  # a flush between two deltas: one event each
         writer.event(first, wire.TEXT_DELTA, delta(record, str(i)))
         writer.tokens(first, [i])
-        if i % 100 == 0:
-            await writer.flush()  # in several appends, as a worker does
+        await writer.flush()
     writer.event(first, wire.ITEM_ADDED, _added(record, 1, call))
     writer.tokens(first, [70_000])
     await writer.flush()

@@ -29,7 +29,7 @@ def _write(writer: EventWriter, run: Run, record: TaskRecord, texts: str, tokens
 
 def _finish(writer: EventWriter, run: Run, record: TaskRecord) -> None:
     cancelled = wire.ResponseCancelled(response_id=record.response_id, status="cancelled")
-    writer.event(run, wire.CANCELLED, wire.encoder.encode(cancelled))
+    writer.event(run, wire.CANCELLED, cancelled)
     writer.finalize(run, Final("cancelled", b"{}"))
 
 
@@ -47,7 +47,7 @@ async def test_appends_survive_a_redis_that_lost_its_scripts(redis: aioredis.Red
         await redis.script_flush()
         _write(writer, run, record, "c", [3])
         await asyncio.wait_for(writer.settled(run.task_id), 10)
-        assert await _texts(redis, record) == [(1, "a"), (2, "b"), (3, "c")]
+        assert await _texts(redis, record) == [(1, "ab"), (2, "c")]  # a batch's deltas of one item: one event
         assert await read_tokens(redis, record.id) == (1, 2, 3)
         assert not run.fenced
     finally:
@@ -98,7 +98,7 @@ async def test_a_run_whose_task_was_taken_over_is_fenced(redis: aioredis.Redis, 
     _write(new_writer, new, record, "BC", [5, 6])
     await new_writer.flush()
     assert not new.fenced
-    assert await _texts(redis, record) == [(1, "a"), (2, "B"), (3, "C")]
+    assert await _texts(redis, record) == [(1, "a"), (2, "BC")]
     assert await read_tokens(redis, record.id) == (1, 5, 6)
 
 
@@ -112,7 +112,7 @@ async def test_a_log_cut_short_under_the_run_fences_it(redis: aioredis.Redis, st
     writer.open(run, 0, 0)
     _write(writer, run, record, "ab", [1, 2])
     await writer.flush()
-    await redis.hset(keys.task(record.id), "last_event_id", 1)  # type: ignore[misc]
+    await redis.hset(keys.task(record.id), "last_event_id", 0)  # type: ignore[misc]
     _write(writer, run, record, "c", [3])
     await writer.flush()
     assert run.fenced and not writer.unsent(record.id)
@@ -133,13 +133,13 @@ async def test_a_batch_stored_before_its_answer_was_lost_counts_as_stored(
         await writer.flush()
     assert not run.fenced and not again.unsent(record.id)
     for writer in (landed, again):
-        writer.open(run, 2, 2)
+        writer.open(run, 1, 2)
         _write(writer, run, record, "c", [3])
         _finish(writer, run, record)
         await writer.flush()
         assert run.durable and not run.fenced and not writer.unsent(record.id)
         run.durable = False
-    assert await _texts(redis, record) == [(1, "a"), (2, "b"), (3, "c"), (4, wire.CANCELLED)]
+    assert await _texts(redis, record) == [(1, "ab"), (2, "c"), (3, wire.CANCELLED)]
     assert await read_tokens(redis, record.id) == (1, 2, 3)
     final = await store.get(record.id)
     assert final is not None and final.status == "cancelled"
@@ -169,3 +169,47 @@ async def test_a_cancel_request_reaches_the_run_and_an_ended_task_fences_it(
     assert late.fenced and not late.durable
     tail = await eventlog.last_event(redis, record.id, record.response_id)
     assert tail is not None and tail.id == 3 and tail.final
+
+
+async def test_deltas_of_one_item_in_one_batch_are_one_event(redis: aioredis.Redis, store: TaskStore,
+                                                              settings: Settings, model: str) -> None:
+    """A delta joins the unsent delta right before it when both are of the same kind and item; a sent
+    batch, another item or another event in between starts a new event."""
+    record = await new_task(store, model)
+    await claimed(store, record, "a")
+    run, writer = Run(record, "a"), EventWriter(redis, settings)
+    writer.open(run, 0, 0)
+    assert [writer.event(run, wire.TEXT_DELTA, delta(record, text)) for text in "abc"] == [1, 1, 1]
+    await writer.flush()
+    assert writer.event(run, wire.TEXT_DELTA, delta(record, "d")) == 2  # the batch before was sent
+    other = wire.OutputTextDelta(response_id=record.response_id, item_id="msg_2", delta="x")
+    assert writer.event(run, wire.TEXT_DELTA, other) == 3
+    assert writer.event(run, wire.TEXT_DELTA, delta(record, "e")) == 4
+    summary = wire.ReasoningSummaryTextDelta(response_id=record.response_id, item_id="msg_1", delta="r")
+    assert writer.event(run, wire.REASONING_DELTA, summary) == 5  # another kind of delta
+    assert writer.event(run, wire.REASONING_DELTA, summary) == 5
+    writer.tokens(run, [1, 2, 3, 4, 5])
+    await writer.flush()
+    assert await _texts(redis, record) == [(1, "abc"), (2, "d"), (3, "x"), (4, "e"), (5, "rr")]
+    assert await read_tokens(redis, record.id) == (1, 2, 3, 4, 5)
+
+
+async def test_flushes_wait_for_the_interval_but_a_first_output_does_not(
+        redis: aioredis.Redis, store: TaskStore, settings: Settings, model: str) -> None:
+    record = await new_task(store, model)
+    await claimed(store, record, "a")
+    run = Run(record, "a")
+    writer = EventWriter(redis, msgspec.structs.replace(settings, event_flush_interval=1.0))
+    writer.open(run, 0, 0)
+    flushing = asyncio.create_task(writer.run())
+    try:
+        writer.event(run, wire.TEXT_DELTA, delta(record, "a"), urgent=True)  # a first token: at once
+        await asyncio.wait_for(writer.settled(run.task_id), 0.5)
+        writer.event(run, wire.TEXT_DELTA, delta(record, "b"))
+        await asyncio.sleep(0.2)
+        writer.event(run, wire.TEXT_DELTA, delta(record, "c"))  # within the interval: one event with b
+        assert writer.unsent(run.task_id)
+        await asyncio.wait_for(writer.settled(run.task_id), 5)
+        assert await _texts(redis, record) == [(1, "a"), (2, "bc")]
+    finally:
+        flushing.cancel()

@@ -37,6 +37,7 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 
@@ -56,9 +57,9 @@ FIRST_CHUNK = 16  # while the costs are not measured yet
 DECODE_STEPS = 15
 
 
-@dataclass(frozen=True)
-class Produced:
-    """What a step did for a sequence: a token, and why it finished (None: it goes on)."""
+class Produced(NamedTuple):
+    """What a step did for a sequence: a token, and why it finished (None: it goes on). A tuple: a
+    step makes one a sequence."""
 
     seq: Generation
     token: int | None

@@ -6,7 +6,7 @@ joining; a ``SlotModel`` runs it on its slots and returns the logits asked for.
 """
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from torch import Tensor
 
@@ -28,9 +28,9 @@ class Chunk:
 FED = -1  # a feed's token while the step is given every feed's token on the device (``SlotModel.run``)
 
 
-@dataclass(frozen=True)
-class Feed:
-    """One decoding sequence's next token, at ``position`` of its slot."""
+class Feed(NamedTuple):
+    """One decoding sequence's next token, at ``position`` of its slot (a tuple: a step makes one a
+    sequence, and a tuple is the cheapest object to make)."""
 
     slot: int
     token: int  # or ``FED``

@@ -27,6 +27,7 @@ class OutputPipeline:
         self._answering = False
         self._tokens = 0
         self._closed_at: int | None = None  # tokens generated when the reasoning section closed
+        self._plain = reasoning is None and not stops  # every token's text goes to the answer as it is
 
     @property
     def stopped(self) -> bool:
@@ -51,7 +52,10 @@ class OutputPipeline:
     def push(self, token: int) -> list[OutEvent]:
         """One generated token in; the events it causes out."""
         self._tokens += 1
-        self._apply(self._parser.feed(self._text.push(token)))
+        if self._plain:  # no section to find, no stop string to hold back: the text is the answer's
+            self.assembler.feed(self._text.push(token))
+        else:
+            self._apply(self._parser.feed(self._text.push(token)))
         return self.assembler.take()
 
     def replay(self, tokens: Iterable[int]) -> None:

@@ -41,7 +41,7 @@ def cors_config(settings: Settings) -> CORSConfig | None:
     if not origins:
         return None
     return CORSConfig(
-        allow_origins=origins, allow_methods=["GET", "POST"], allow_credentials=False,
+        allow_origins=origins, allow_methods=["GET", "POST", "DELETE"], allow_credentials=False,
         allow_headers=["Authorization", "Content-Type", IDEMPOTENCY_HEADER, "LMSP-Version", "Last-Event-ID",
                        *OPENAI_SDK_HEADERS],
         expose_headers=["LMSP-Version", "Location", "Retry-After", "WWW-Authenticate", REPLAYED_HEADER,

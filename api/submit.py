@@ -53,7 +53,7 @@ async def submit(services: Services, request: wire.ResponseRequest, *, kind: Kin
         created_at=time.time(), response_id=ids.new_id(ids.RESPONSE), request=wire.encoder.encode(request),
         context=None if items is None else wire.encoder.encode(items),
         prompt=None if rendered is None else pack_tokens(rendered.token_ids),
-        prompt_card=None if rendered is None else rendered.card_digest,
+        prompt_card=None if rendered is None else rendered.card_digest, metadata=_metadata(request),
     )
     await services.store.create(record)
     if idempotency_key:
@@ -83,6 +83,11 @@ async def submit(services: Services, request: wire.ResponseRequest, *, kind: Kin
     with contextlib.suppress(RedisError):  # the task is queued; a lost count is not worth an error
         await metrics.add_now(services.redis, metrics.CREATED, (spec.id, kind))
     return Submission(record, False)
+
+
+def _metadata(request: wire.ResponseRequest) -> bytes | None:
+    metadata = extensions.parse(request.extensions).metadata
+    return None if metadata is None else wire.encoder.encode(metadata)
 
 
 async def _conversation(services: Services, request: wire.ResponseRequest, spec: ModelSpec,

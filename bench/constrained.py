@@ -28,7 +28,7 @@ from lmsp_core.requests.chat import PromptRenderer
 from lmsp_core.requests.closing import GrammarTokenizer
 from lmsp_core.settings import load_settings
 from workers.engine.core import Engine, Generation
-from workers.engine.sampling import RowSampler, SamplingParams
+from workers.engine.sampling import RowSampler, SamplingParams, Scores
 from workers.model import loader
 from workers.output.grammar import GrammarConstraint, tokenizer_for
 
@@ -52,7 +52,7 @@ class Done:
         self.tokens = 0
         self.event = asyncio.Event()
 
-    def on_token(self, seq: Generation, token: int) -> None:
+    def on_token(self, seq: Generation, token: int, scores: Scores | None) -> None:
         self.tokens += 1
 
     def on_finish(self, seq: Generation, reason: str, error: BaseException | None) -> None:

@@ -10,7 +10,9 @@ Every stream runs to its budget (no stop tokens), greedy, from its own prompt. `
 each setting on the dense weights and on the 4-bit ones (a CPU; ``weights.pack_int4``); on a CPU the
 4-bit decoding's greedy answer to the README prompt is checked against the float32 model's.
 ``--launch-ahead both`` runs each setting with decoding steps run one at a time and launched ahead
-(``workers.engine.scheduler``; the engine's default: ahead on a GPU only).
+(``workers.engine.scheduler``; the engine's default: ahead on a GPU only). ``--logprobs K`` also runs
+every stream count asking for log-probabilities with K alternatives a token, interleaved, and prints
+its ratio to the same count without.
 """
 
 import argparse
@@ -34,7 +36,7 @@ from lmsp_core.requests.catalog import Catalog
 from lmsp_core.requests.chat import PromptRenderer
 from lmsp_core.settings import load_settings
 from workers.engine.core import Engine, Generation
-from workers.engine.sampling import RowSampler, SamplingParams
+from workers.engine.sampling import RowSampler, SamplingParams, Scores
 from workers.model import loader
 from workers.model.build import slot_model
 from workers.model.decoder import Decoder
@@ -51,7 +53,7 @@ class Timing:
         self.tokens = 0
         self.done = asyncio.Event()
 
-    def on_token(self, seq: Generation, token: int) -> None:
+    def on_token(self, seq: Generation, token: int, scores: Scores | None) -> None:
         if self.first is None:
             self.first = time.perf_counter()
         self.tokens += 1
@@ -70,8 +72,8 @@ class Arrivals(Timing):
         self.ids: list[int] = []
         self.times: list[float] = []
 
-    def on_token(self, seq: Generation, token: int) -> None:
-        super().on_token(seq, token)
+    def on_token(self, seq: Generation, token: int, scores: Scores | None) -> None:
+        super().on_token(seq, token, scores)
         self.ids.append(token)
         self.times.append(time.perf_counter())
 
@@ -225,12 +227,14 @@ def device_name(device: torch.device) -> str:
     return platform.machine()
 
 
-async def streams(engine: Engine, prompts: list[list[int]], tokens: int) -> dict[str, float]:
-    """``len(prompts)`` sequences at once; aggregate tokens/s, TTFT p50 and the decode rate of one stream."""
+async def streams(engine: Engine, prompts: list[list[int]], tokens: int,
+                  logprobs: int | None = None) -> dict[str, float]:
+    """``len(prompts)`` sequences at once (each asking for ``logprobs`` alternatives, where given);
+    aggregate tokens/s, TTFT p50 and the decode rate of one stream."""
     started = time.perf_counter()
     sinks = [Timing() for _ in prompts]
     for prompt, sink in zip(prompts, sinks, strict=True):
-        engine.submit(Generation(prompt, tokens, RowSampler(SamplingParams()), [], sink))
+        engine.submit(Generation(prompt, tokens, RowSampler(SamplingParams(logprobs=logprobs)), [], sink))
     await asyncio.gather(*(sink.done.wait() for sink in sinks))
     seconds = time.perf_counter() - started
     total = sum(sink.tokens for sink in sinks)
@@ -284,11 +288,20 @@ async def measure(loaded: loader.LoadedModel, prompts: list[list[int]], args: ar
         print(f"  {mode_name(compile, weights, engine.launch_ahead)}: warmed up in {result['warm_up_s']:.1f} s",
               flush=True)
         for count in args.streams:
-            rounds = [await streams(engine, prompts[:count], args.tokens) for _ in range(args.rounds)]
+            rounds, scored = [], []
+            for _ in range(args.rounds):  # with log-probabilities interleaved: the same moments of the VM
+                rounds.append(await streams(engine, prompts[:count], args.tokens))
+                if args.logprobs is not None:
+                    scored.append(await streams(engine, prompts[:count], args.tokens, args.logprobs))
             best = max(rounds, key=lambda r: r["tokens_per_s"])
             result[f"streams_{count}"] = best
             print(f"  {count:>3} streams: {best['tokens_per_s']:8.1f} tokens/s, TTFT p50 {best['ttft_ms']:6.1f} ms, "
                   f"{best['decode_tokens_per_s_per_stream']:6.1f} tokens/s per stream after it", flush=True)
+            if scored:
+                top = max(scored, key=lambda r: r["tokens_per_s"])
+                result[f"streams_{count}_logprobs_{args.logprobs}"] = top
+                print(f"      with {args.logprobs} log-probabilities a token: {top['tokens_per_s']:8.1f} tokens/s "
+                      f"({top['tokens_per_s'] / best['tokens_per_s']:.3f} of without)", flush=True)
         if args.profile:
             await profile(engine, prompts[0], loaded.device)
         return result
@@ -360,6 +373,8 @@ def parse_args() -> argparse.Namespace:
                         help="decoding weights: as loaded (4-bit where they pack), dense, or each in turn")
     parser.add_argument("--baseline-tokens", type=int, default=32, help="0: skip transformers generate")
     parser.add_argument("--profile", action="store_true", help="also profile one stream's steps")
+    parser.add_argument("--logprobs", type=int, metavar="K",
+                        help="also run every stream count asking for log-probabilities and K alternatives a token")
     parser.add_argument("--json", help="also write the figures to this file")
     return parser.parse_args()
 

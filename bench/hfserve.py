@@ -30,7 +30,7 @@ def available() -> bool:
 def model_dir(loaded: loader.LoadedModel, cache: Path, scratch: Path) -> Path:
     """A directory transformers can load the model from: the converted cache copy or a fresh save."""
     kind, _, location = loaded.spec.source.partition(":")
-    if kind == "gguf-package":
+    if kind in ("gguf-package", "gguf-file"):
         return loader.converted_gguf(loaded.spec, cache)
     if kind == "hf-dir":
         return Path(location)

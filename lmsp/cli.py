@@ -5,32 +5,52 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from lmsp import credentials
 from lmsp_core import logs
 from lmsp_core.settings import Settings, load_settings
 
 CLIENT_COMMANDS = ("run", "chat", "tasks", "models")
+SERVICE_COMMANDS = ("up", "api", "worker")
+
+
+def _model_flags() -> argparse.ArgumentParser:
+    """The models a service command runs (``lmsp_core.requests.modelpaths``)."""
+    flags = argparse.ArgumentParser(add_help=False)
+    flags.add_argument("--model", action="append", dest="models", metavar="ID|PATH|hf:ORG/NAME[@REV]",
+                       help="a catalog id, a Hugging Face model directory, a .gguf file or a model in the "
+                            "Hugging Face cache (downloaded unless HF_HUB_OFFLINE=1); repeatable")
+    flags.add_argument("--model-id", "--served-model-name", dest="model_id", metavar="ID",
+                       help="the id requests name the model by (default: the directory's name, the file's "
+                            "name without .gguf, NAME of hf:ORG/NAME)")
+    flags.add_argument("--context-window", type=int, metavar="TOKENS",
+                       help="default: the model's (config.json, GGUF metadata)")
+    flags.add_argument("--max-batch-size", type=int, metavar="N", help="sequences that run at once (KV slots)")
+    flags.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"])
+    flags.add_argument("--chat-template", metavar="FILE", help="replaces the model's chat template")
+    return flags
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="lmsp", description="LMSP generation service")
     commands = parser.add_subparsers(dest="command", required=True)
 
-    up = commands.add_parser("up", help="API and one worker in the foreground (and a local redis-server "
-                                        "when neither --redis-url nor --redis-sentinels is given)")
+    up = commands.add_parser("up", parents=[_model_flags()],
+                             help="API and one worker in the foreground (and a local redis-server "
+                                  "when neither --redis-url nor --redis-sentinels is given)")
     up.add_argument("--host")
     up.add_argument("--port", type=int)
     credentials.add_redis_arguments(up)
-    up.add_argument("--model", action="append", dest="models", metavar="ID")
 
-    api = commands.add_parser("api", help="the HTTP API alone")
+    api = commands.add_parser("api", parents=[_model_flags()],
+                              help="the HTTP API alone (--model: models its workers are given by path, with "
+                                   "the same flags)")
     api.add_argument("--host")
     api.add_argument("--port", type=int)
     credentials.add_redis_arguments(api)
 
-    worker = commands.add_parser("worker", help="a generation worker alone")
-    worker.add_argument("--model", action="append", dest="models", metavar="ID")
+    worker = commands.add_parser("worker", parents=[_model_flags()], help="a generation worker alone")
     credentials.add_redis_arguments(worker)
     worker.add_argument("--gpus", metavar="all|ID,ID...",
                         help="one worker process per GPU (all visible ones, or these CUDA device ids), each "
@@ -108,6 +128,15 @@ def _service_main(args: argparse.Namespace) -> int:
     overrides = {name: getattr(args, name, None)
                  for name in ("host", "port", "redis_url", "redis_sentinels", "redis_master")}
     settings = load_settings(**overrides)
+    models: list[str] = []
+    if args.command in SERVICE_COMMANDS:
+        from lmsp_core.requests.modelpaths import ModelRefError
+
+        try:
+            settings, models = _named_models(args, settings)
+        except ModelRefError as exc:
+            print(f"lmsp {args.command}: {exc}", file=sys.stderr)
+            return 2
     if args.command == "api":
         from api.server import run
 
@@ -116,19 +145,34 @@ def _service_main(args: argparse.Namespace) -> int:
         from workers.supervisor import supervise
 
         logs.configure(settings.log_level, settings.log_json)
-        return supervise(args.gpus, args.models or [settings.default_model],
-                         {**os.environ, **settings.redis_env()})
+        return supervise(args.gpus, models, {**os.environ, **settings.redis_env(), **settings.models_env()})
     elif args.command == "worker":
         from workers.main import run as run_worker
 
-        run_worker(settings, args.models or [settings.default_model])
+        run_worker(settings, models)
     elif args.command == "token":
         return credentials.run(args, settings)
     elif args.command == "up":
         from lmsp.up import up
 
-        return up(settings, args.models or [settings.default_model])
+        return up(settings, models)
     return 0
+
+
+def _named_models(args: argparse.Namespace, settings: Settings) -> tuple[Settings, list[str]]:
+    """The models the command line names (``--model``; the default model for a worker), added to the
+    catalog of ``settings``, and their ids. An API reads only their tokenizers: no weights needed."""
+    from lmsp_core.requests import modelpaths
+    from lmsp_core.requests.catalog import Catalog
+
+    references = args.models or ([] if args.command == "api" else [settings.default_model])
+    overrides = modelpaths.Overrides(id=args.model_id, context_window=args.context_window,
+                                     max_batch_size=args.max_batch_size, dtype=args.dtype,
+                                     chat_template=modelpaths.read_template(args.chat_template))
+    catalog = Catalog.from_settings(settings)
+    specs = modelpaths.resolve_all(references, catalog, overrides, Path(settings.model_cache),
+                                   weights=args.command != "api")
+    return modelpaths.with_specs(settings, catalog, specs), [spec.id for spec in specs]
 
 
 if __name__ == "__main__":

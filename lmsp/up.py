@@ -106,7 +106,7 @@ def _serve(settings: Settings, models: list[str], children: list[subprocess.Pope
         url = start_redis(data_dir() / "redis", children)
         settings = settings.replace(redis_url=url)
         logger.info("local redis-server at %s (data in %s)", url, data_dir() / "redis")
-    env = {**os.environ, **settings.redis_env()}
+    env = {**os.environ, **settings.redis_env(), **settings.models_env()}  # the models named by path too
     worker_cmd = [sys.executable, "-m", "lmsp.cli", "worker"] + [arg for m in models for arg in ("--model", m)]
     children.append(subprocess.Popen(worker_cmd, env=env))
     logger.info("API on http://%s:%d, models: %s", settings.host, settings.port, ", ".join(models))

@@ -39,6 +39,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     default_model: str = "smollm2:135m-instruct"
     # a JSON file with a list of model specs, added to (or replacing by id) the built-in catalog
     models_file: str | None = None
+    # the same list inline (JSON), added after it: the models named on the command line by path or
+    # name (lmsp_core.requests.modelpaths), which `lmsp up` hands its worker this way
+    model_specs: str = ""
     model_cache: str = msgspec.field(default_factory=_default_cache)
     # retention, enforced by Redis key expiry
     event_retention: Seconds = 3600.0
@@ -113,6 +116,11 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
         Redis of these settings, which command-line flags may have changed."""
         return {"LMSP_REDIS_URL": self.redis_url, "LMSP_REDIS_SENTINELS": self.redis_sentinels,
                 "LMSP_REDIS_MASTER": self.redis_master}
+
+    def models_env(self) -> dict[str, str]:
+        """The environment that gives a child process the models of these settings that the command
+        line named (``model_specs``)."""
+        return {"LMSP_MODEL_SPECS": self.model_specs}
 
     @property
     def principal_rate_limit(self) -> int:

@@ -404,6 +404,8 @@ OPENAI_ROUTES: list[tuple[str, str, str | None]] = [
     ("POST", "/v1/responses", credentials.RESPONSES_WRITE),
     ("GET", "/v1/responses/{response_id}", credentials.RESPONSES_READ),
     ("POST", "/v1/responses/{response_id}/cancel", credentials.TASKS_WRITE),
+    ("DELETE", "/v1/responses/{response_id}", credentials.RESPONSES_WRITE),
+    ("GET", "/v1/responses/{response_id}/input_items", credentials.RESPONSES_READ),
     ("POST", "/v1/chat/completions", credentials.RESPONSES_WRITE),
     ("GET", "/v1/models", credentials.MODELS_READ),
     ("GET", "/v1/models/{model}", credentials.MODELS_READ),
@@ -476,3 +478,63 @@ def assert_valid_calls(output: list[dict[str, Any]], allowed: set[str]) -> None:
         assert item["name"] in allowed
         assert isinstance(item["arguments"], str)
         jsonschema.validate(json.loads(item["arguments"]), PARAMETERS[item["name"]])
+
+
+# models given by path (tests/e2e/test_model_paths.py, tests/unit/test_modelpaths.py)
+TINY_LLAMA = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+              "num_key_value_heads": 2}
+
+
+def tiny_model_dir(path: Path, seed: int = 0, **config: Any) -> Path:
+    """A transformers model directory as a newcomer would point at: tiny random Llama weights in
+    safetensors (written with numpy: no torch in the test process) and the default model's tokenizer
+    and chat template (as the API reads them from its files); ``config`` adds to config.json."""
+    import numpy as np
+    from safetensors.numpy import save_file
+    from tokenizers import Tokenizer
+
+    from lmsp_core.requests import modelfiles
+    from lmsp_core.requests.catalog import SMOLLM2
+
+    card = modelfiles.card_from_files(SMOLLM2, Path(load_settings().model_cache))
+    assert card is not None
+    vocabulary = Tokenizer.from_str(card.tokenizer_json)
+    size = vocabulary.get_vocab_size(with_added_tokens=True)
+    settings = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": size,
+                "max_position_embeddings": 2048, "rms_norm_eps": 1e-5, "tie_word_embeddings": True,
+                "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"}, "hidden_act": "silu",
+                "bos_token_id": vocabulary.token_to_id(card.bos_token or ""),
+                "eos_token_id": vocabulary.token_to_id(card.eos_token or ""),
+                **TINY_LLAMA, **config}
+    hidden, inner = settings["hidden_size"], settings["intermediate_size"]
+    kv = hidden // settings["num_attention_heads"] * settings["num_key_value_heads"]
+    shapes = {"model.embed_tokens.weight": (size, hidden), "model.norm.weight": (hidden,)}
+    for i in range(settings["num_hidden_layers"]):
+        layer = f"model.layers.{i}."
+        shapes |= {layer + "self_attn.q_proj.weight": (hidden, hidden), layer + "self_attn.k_proj.weight": (kv, hidden),
+                   layer + "self_attn.v_proj.weight": (kv, hidden), layer + "self_attn.o_proj.weight": (hidden, hidden),
+                   layer + "mlp.gate_proj.weight": (inner, hidden), layer + "mlp.up_proj.weight": (inner, hidden),
+                   layer + "mlp.down_proj.weight": (hidden, inner), layer + "input_layernorm.weight": (hidden,),
+                   layer + "post_attention_layernorm.weight": (hidden,)}
+    random = np.random.default_rng(seed)
+    # wide weights, as tiny-random's: peaked logits, greedy choices far from ties
+    weights = {name: (np.ones(shape) if len(shape) == 1 else random.normal(0, 0.5, shape)).astype(np.float32)
+               for name, shape in shapes.items()}
+    path.mkdir(parents=True, exist_ok=True)
+    save_file(weights, str(path / "model.safetensors"), metadata={"format": "pt"})
+    (path / "config.json").write_text(json.dumps(settings))
+    (path / "tokenizer.json").write_text(card.tokenizer_json)
+    (path / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "TokenizersBackend", "bos_token": card.bos_token, "eos_token": card.eos_token,
+        "pad_token": card.eos_token, "chat_template": card.chat_template}))
+    return path
+
+
+def hf_cache(root: Path, repo: str, model: Path, revision: str = "0" * 40) -> Path:
+    """``root`` laid out as huggingface_hub's cache (``HF_HUB_CACHE``) holding ``model``'s files as
+    the snapshot ``revision`` of ``repo``, its main branch."""
+    storage = root / f"models--{repo.replace('/', '--')}"
+    shutil.copytree(model, storage / "snapshots" / revision)
+    (storage / "refs").mkdir()
+    (storage / "refs" / "main").write_text(revision)
+    return root

@@ -33,9 +33,10 @@ from lmsp_core.store.eventstore import Final
 from lmsp_core.store.tasks import TaskRecord
 from lmsp_core.wire.errors import GenerationFailed, LmspError
 from workers.engine.core import Engine, Finish, Generation
-from workers.engine.sampling import LogitsConstraint, RowSampler, SamplingParams
+from workers.engine.sampling import LogitsConstraint, RowSampler, SamplingParams, Scores
 from workers.output.grammar import GrammarConstraint
 from workers.output.items import Mode, OutEvent, OutputAssembler
+from workers.output.logprobs import LogprobSpeller
 from workers.output.pipeline import OutputPipeline
 from workers.output.reasoning import ReasoningConstraint
 from workers.writer import DELTAS, EventWriter
@@ -53,9 +54,11 @@ class ModelRuntime:
     renderer: PromptRenderer
     grammar_tokenizer: GrammarTokenizer
     card_digest: str = field(init=False)
+    speller: LogprobSpeller = field(init=False)
 
     def __post_init__(self) -> None:
         self.card_digest = card_digest(self.renderer.card)  # what a task's rendered prompt names
+        self.speller = LogprobSpeller(self.grammar_tokenizer.ll)
 
 
 @dataclass
@@ -91,6 +94,12 @@ def output_mode(request: wire.ResponseRequest) -> Mode:
     if not request.tools or choice == "none":
         return "text"
     return "auto" if choice == "auto" else "calls"
+
+
+def prefix_scope(owner: str, prompt_cache_key: str | None) -> str:
+    """Who may share the task's prompt prefixes: its owner, narrowed by its prompt cache key (an owner
+    has no ``/``: its keyed scopes never meet another owner's)."""
+    return owner if prompt_cache_key is None else f"{owner}/{prompt_cache_key}"
 
 
 class TaskRun:
@@ -180,7 +189,8 @@ class TaskRun:
         """Prompt, token budget and constraint (compiling a grammar can take a while: off the event loop)."""
         spec = self.runtime.spec
         self._ext = extensions.parse(self.request.extensions)
-        assembler = OutputAssembler(self.record.response_id, output_mode(self.request), history.items)
+        assembler = OutputAssembler(self.record.response_id, output_mode(self.request), history.items,
+                                    logprobs=self._ext.logprobs is not None)
         self._pipeline = OutputPipeline(self.runtime.renderer.tokenizer, assembler, spec.reasoning, self._ext.stop)
         prompt = self.record.prompt_ids(self.runtime.card_digest)
         if prompt is None:  # the API had no card of the model (or another one): the checks fall to us
@@ -199,12 +209,14 @@ class TaskRun:
                            *pipeline.start()])
         else:
             pipeline.replay(history.tokens)  # to where the stored events end: theirs are stored already
+            if (message_id := pipeline.assembler.message_id) is not None:  # its stored deltas' entries
+                pipeline.assembler.add_logprobs(history.delivered.logprobs(message_id))
         self._meter = self._recorder.meter(self.record.model, self.record.created_at, bool(history.tokens))
         params = SamplingParams(temperature=self.request.temperature or 0.0, top_p=self._ext.top_p or 1.0,
-                                seed=self._ext.seed)
+                                seed=self._ext.seed, logprobs=self._ext.logprobs)
         self.sequence = Generation(prompt, budget, RowSampler(params, constraint),
                                    self.runtime.renderer.card.stop_token_ids, sink=self, generated=history.tokens,
-                                   prefix_scope=self.record.owner)
+                                   prefix_scope=prefix_scope(self.record.owner, self._ext.prompt_cache_key))
         self.runtime.engine.submit(self.sequence)
         if pipeline.stopped:  # the stored tokens already end with a stop string
             self.runtime.engine.stop(self.sequence, Finish.STOP)
@@ -237,12 +249,12 @@ class TaskRun:
 
     # --- engine sink -----------------------------------------------------------------------------
 
-    def on_token(self, seq: Generation, token: int) -> None:
+    def on_token(self, seq: Generation, token: int, scores: Scores | None) -> None:
         if self._meter is not None:
             self._meter.token()
         self.writer.tokens(self, [token])
         pipeline = self._output_path()
-        self._publish(pipeline.push(token))
+        self._publish(pipeline.push(token, self.runtime.speller.entry(token, scores) if scores is not None else None))
         if pipeline.stopped:
             self.runtime.engine.stop(seq, Finish.STOP)
 
@@ -322,4 +334,4 @@ class TaskRun:
                   error: wire.Problem | None = None) -> wire.Response:
         return wire.Response(id=self.record.response_id, created_at=int(self.record.created_at), status=status,
                              model=self.record.model, output=output, usage=usage, error=error,
-                             incomplete_details=incomplete)
+                             incomplete_details=incomplete, metadata=self.record.metadata_map())

@@ -67,6 +67,15 @@ class Writable(Protocol):
     def on_final_durable(self) -> None: ...
 
 
+def joined(last: DeltaEvent, data: DeltaEvent) -> DeltaEvent:
+    """Two deltas of one item as one: their text, and their tokens' log-probabilities where they carry them."""
+    if isinstance(last, wire.OutputTextDelta) and isinstance(data, wire.OutputTextDelta) \
+            and (last.logprobs or data.logprobs):
+        logprobs = [*(last.logprobs or ()), *(data.logprobs or ())]
+        return msgspec.structs.replace(last, delta=last.delta + data.delta, logprobs=logprobs)
+    return msgspec.structs.replace(last, delta=last.delta + data.delta)
+
+
 @dataclass
 class _Pending:
     first_id: int
@@ -82,7 +91,7 @@ class _Pending:
             last_name, last = self.events[-1]
             if last_name == name and isinstance(last, DeltaEvent) and isinstance(data, DeltaEvent) \
                     and last.item_id == data.item_id:
-                self.events[-1] = (name, msgspec.structs.replace(last, delta=last.delta + data.delta))
+                self.events[-1] = (name, joined(last, data))
                 return False
         self.events.append((name, data))
         return True

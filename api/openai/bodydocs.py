@@ -7,9 +7,10 @@ from typing import Any
 
 from api.bodies import StructDoc
 from api.openai import requests as rq
-from api.openai.translation import TEXT_TYPES
+from api.openai.translation import MAX_SAFETY_IDENTIFIER, MAX_USER, TEXT_TYPES
 from api.streamdoc import JsonSchema, json_schema
 from lmsp_core import wire
+from lmsp_core.requests import extensions as ext
 
 NULL: JsonSchema = {"type": "null"}
 EMPTY: JsonSchema = {"anyOf": [{"type": "array", "maxItems": 0}, NULL]}  # echoed back, must be empty
@@ -50,12 +51,29 @@ CHAT_MESSAGE["allOf"] = [
      "else": {"properties": {"tool_call_id": NULL}}},
 ]
 
+
+def _bounded(limit: int) -> JsonSchema:
+    return {"anyOf": [{"type": "string", "maxLength": limit}, NULL]}
+
+
+# the limits the translation checks itself, to answer with OpenAI's codes (string_above_max_length, ...)
+CLIENT_OPTIONS: dict[str, JsonSchema] = {
+    "metadata": {"anyOf": [{"type": "object", "maxProperties": ext.MAX_METADATA_PAIRS,
+                            "propertyNames": {"maxLength": ext.MAX_METADATA_KEY},
+                            "additionalProperties": {"type": "string", "maxLength": ext.MAX_METADATA_VALUE}}, NULL]},
+    "prompt_cache_key": _bounded(ext.MAX_PROMPT_CACHE_KEY),
+    "safety_identifier": _bounded(MAX_SAFETY_IDENTIFIER),
+    "user": _bounded(MAX_USER),
+}
+
 BODIES: dict[type, StructDoc] = {
     rq.ResponsesRequest: StructDoc(fields={
         "input": {"anyOf": [{"type": "string"}, {"type": "array", "minItems": 1, "items": {"anyOf": INPUT_ITEMS}}]},
+        **CLIENT_OPTIONS,
     }),
     rq.ChatRequest: StructDoc(fields={
         "messages": {"type": "array", "minItems": 1, "items": CHAT_MESSAGE},
+        **CLIENT_OPTIONS,
     }, rules=[
         {"not": {"required": ["max_tokens", "max_completion_tokens"],
                  "properties": {"max_tokens": {"type": "integer"}, "max_completion_tokens": {"type": "integer"}}}},

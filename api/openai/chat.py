@@ -5,13 +5,19 @@ The message's ``content`` is the text of the response's message items, its ``too
 function calls (the call id is the tool call's id), ``reasoning_content`` the summary of a reasoning
 item. ``finish_reason`` is ``tool_calls`` when the model called a function, ``length`` when the token
 budget ran out, else ``stop``.
+
+A stream's first chunk (``role``) waits for the answer's first item, as its ``content`` tells what the
+answer is: ``""`` for text, ``null`` for a function call or a reasoning section, as OpenAI (and
+DeepSeek for reasoning) send them.
 """
 
 import msgspec
 
 from api.openai import objects as oa
 from api.openai.errors import FailedGeneration
+from api.openai.translation import tier_of
 from lmsp_core import wire
+from lmsp_core.requests import extensions
 from lmsp_core.store.eventlog import Event
 from lmsp_core.store.tasks import TaskRecord
 from lmsp_core.wire.errors import GenerationFailed
@@ -53,9 +59,29 @@ def completion(record: TaskRecord) -> oa.ChatCompletion:
     has_message = any(isinstance(item, wire.OutputMessage) for item in final.output)
     message = oa.ChatMessage(role="assistant", content=text if has_message or not calls else None, refusal=None,
                              tool_calls=calls or None, reasoning_content=reasoning or None)
-    choice = oa.Choice(message=message, finish_reason=finish_reason(final.status, bool(calls)))
+    choice = oa.Choice(message=message, finish_reason=finish_reason(final.status, bool(calls)),
+                       logprobs=choice_logprobs(record, final))
+    metadata = record.metadata_map()
     return oa.ChatCompletion(id=completion_id(record), created=int(record.created_at), model=record.model,
-                             choices=[choice], usage=completion_usage(final.usage))
+                             choices=[choice], usage=completion_usage(final.usage), service_tier=service_tier(record),
+                             metadata=None if isinstance(metadata, msgspec.UnsetType) else metadata)
+
+
+def asked_logprobs(record: TaskRecord) -> bool:
+    request = msgspec.json.decode(record.request, type=wire.ResponseRequest)
+    return extensions.parse(request.extensions).logprobs is not None
+
+
+def choice_logprobs(record: TaskRecord, final: wire.Response) -> oa.ChoiceLogprobs | None:
+    """The content tokens' log-probabilities, where the request asked for them."""
+    if not asked_logprobs(record):
+        return None
+    return oa.ChoiceLogprobs(content=[entry for item in final.output if isinstance(item, wire.OutputMessage)
+                                      for part in item.content for entry in part.logprobs or ()])
+
+
+def service_tier(record: TaskRecord) -> oa.ServiceTier:
+    return tier_of(msgspec.json.decode(record.request, type=wire.ResponseRequest))
 
 
 class ChunkRenderer:
@@ -66,18 +92,31 @@ class ChunkRenderer:
         self.created = int(record.created_at)
         self.model = record.model
         self.include_usage = include_usage
+        self.tier = service_tier(record)
         self.calls = 0
+        self.opened = False  # the role chunk went out
 
-    def _chunk(self, delta: oa.Delta, finish: oa.FinishReason | None = None) -> oa.ChatCompletionChunk:
-        return oa.ChatCompletionChunk(id=self.id, created=self.created, model=self.model,
-                                      choices=[oa.ChunkChoice(delta=delta, finish_reason=finish)])
+    def _chunk(self, delta: oa.Delta, finish: oa.FinishReason | None = None,
+               logprobs: oa.ChoiceLogprobs | None = None) -> oa.ChatCompletionChunk:
+        return oa.ChatCompletionChunk(id=self.id, created=self.created, model=self.model, service_tier=self.tier,
+                                      choices=[oa.ChunkChoice(delta=delta, finish_reason=finish, logprobs=logprobs)])
+
+    def _opening(self, text: bool) -> list[oa.ChatCompletionChunk | wire.Problem]:
+        """The role chunk, before the answer's first item (once)."""
+        if self.opened:
+            return []
+        self.opened = True
+        return [self._chunk(oa.Delta(role="assistant", content="" if text else None))]
 
     def render(self, event: Event) -> list[oa.ChatCompletionChunk | wire.Problem]:
         name = event.name
-        if name == wire.CREATED:
-            return [self._chunk(oa.Delta(role="assistant", content=""))]
+        if name == wire.ITEM_ADDED:
+            item = msgspec.json.decode(event.data, type=wire.OutputItemAdded).item
+            return self._opening(isinstance(item, wire.OutputMessage))
         if name == wire.TEXT_DELTA:
-            return [self._chunk(oa.Delta(content=msgspec.json.decode(event.data, type=wire.OutputTextDelta).delta))]
+            text = msgspec.json.decode(event.data, type=wire.OutputTextDelta)
+            logprobs = oa.ChoiceLogprobs(content=text.logprobs) if text.logprobs else None
+            return [self._chunk(oa.Delta(content=text.delta), logprobs=logprobs)]
         if name == wire.REASONING_DELTA:
             delta = msgspec.json.decode(event.data, type=wire.ReasoningSummaryTextDelta).delta
             return [self._chunk(oa.Delta(reasoning_content=delta))]
@@ -97,10 +136,9 @@ class ChunkRenderer:
 
     def _final(self, name: str, data: bytes) -> list[oa.ChatCompletionChunk | wire.Problem]:
         status = {wire.COMPLETED: "completed", wire.INCOMPLETE: "incomplete"}.get(name, "cancelled")
-        chunks: list[oa.ChatCompletionChunk | wire.Problem] = [
-            self._chunk(oa.Delta(), finish_reason(status, self.calls > 0))]
+        chunks = [*self._opening(True), self._chunk(oa.Delta(), finish_reason(status, self.calls > 0))]
         if self.include_usage and name in (wire.COMPLETED, wire.INCOMPLETE):
             used = msgspec.json.decode(data, type=wire.ResponseCompleted).usage
             chunks.append(oa.ChatCompletionChunk(id=self.id, created=self.created, model=self.model, choices=[],
-                                                 usage=completion_usage(used)))
+                                                 service_tier=self.tier, usage=completion_usage(used)))
         return chunks

@@ -14,10 +14,12 @@ from api.openai import objects as oa
 from api.openai import requests as rq
 from api.openai.chat import ChunkRenderer, completion
 from api.openai.errors import MEDIA_TYPE, ErrorObject, error_object
+from api.openai.inputitems import input_items, page
 from api.openai.rendering import ResponseView, render_all, response_object
 from api.openai.streams import DONE, data_frame, event_frames
 from lmsp_core import wire
 from lmsp_core.store import eventlog
+from lmsp_core.store.conversations import StoredResponse
 from lmsp_core.store.tasks import Kind, TaskRecord
 from lmsp_core.wire.errors import problem
 
@@ -48,6 +50,10 @@ CHAT = completion(_sample("direct"))
 _CHUNKS = ChunkRenderer(_sample("direct"), include_usage=True)
 CHAT_STREAM = (b"".join(data_frame(chunk) for event in _LOG for chunk in _CHUNKS.render(event)) + DONE).decode()
 MODELS = oa.ModelList(data=[oa.Model(id=doc.MODEL)])
+_TURN = StoredResponse(response_id=doc.RESPONSE_ID, task_id=doc.TASK_ID, owner="local", model=doc.MODEL,
+                       created_at=1794200000, input=doc.REQUEST.input)
+INPUT_ITEMS = page(input_items(_TURN), limit=20, order="desc", after=None)
+DELETED = wire.DeletedResponse(id=doc.RESPONSE_ID)
 
 RESPONSES_REQUESTS = [
     doc.example("A short answer", rq.ResponsesRequest(model=doc.MODEL, input="Describe a local model service.",
@@ -72,8 +78,14 @@ CHAT_REQUESTS = [
 # the errors of the /v1 routes: status and an example message per code
 _ERRORS: dict[str, tuple[int, str, str | None]] = {
     "invalid_request": (400, "Invalid value for 'max_output_tokens': Expected `int` >= 1.", "max_output_tokens"),
-    "unsupported_parameter": (400, "Unsupported parameter: 'metadata' is not supported by this service.",
-                              "metadata"),
+    "unsupported_parameter": (400, "Unsupported parameter: 'logit_bias' is not supported by this service.",
+                              "logit_bias"),
+    "object_above_max_properties": (400, "Invalid 'metadata': too many properties. Expected an object with at "
+                                         "most 16 properties, but got an object with 17 properties instead.",
+                                    "metadata"),
+    "string_above_max_length": (400, "Invalid 'prompt_cache_key': string too long. Expected a string with maximum "
+                                     "length 64, but got a string with length 70 instead.", "prompt_cache_key"),
+    "invalid_cursor": (400, f"after 'msg_{'0' * 26}' names no input item of this response.", "after"),
     "unsupported_value": (400, "One choice is returned (n: 1).", "n"),
     "context_length_exceeded": (400, "The prompt has 9000 tokens; the context window of model "
                                      f"{doc.MODEL!r} is 8192 tokens.", "input"),
@@ -93,7 +105,8 @@ _ERRORS: dict[str, tuple[int, str, str | None]] = {
     "server_busy": (503, f"The queue of model {doc.MODEL!r} is full (1000 tasks); retry later.", None),
 }
 COMMON_ERRORS = ("invalid_request", "unauthorized", "insufficient_scope", "rate_limited", "service_unavailable")
-GENERATION_ERRORS = (*COMMON_ERRORS, "unsupported_parameter", "unsupported_value", "context_length_exceeded",
+GENERATION_ERRORS = (*COMMON_ERRORS, "unsupported_parameter", "unsupported_value", "object_above_max_properties",
+                     "string_above_max_length", "context_length_exceeded",
                      "model_not_found", "event_history_expired", "idempotency_key_reused", "too_many_streams",
                      "generation_failed", "model_unavailable", "server_busy")
 

@@ -8,8 +8,11 @@ from typing import Any, Literal
 import msgspec
 from msgspec import Struct
 
+from lmsp_core.wire import TokenLogprob
+
 ItemStatus = Literal["in_progress", "completed", "incomplete"]
 ResponseStatus = Literal["queued", "in_progress", "completed", "incomplete", "failed", "cancelled"]
+ServiceTier = Literal["default", "flex", "priority"]  # the tier a request was served with
 
 
 class _Obj(Struct, frozen=True, kw_only=True):
@@ -26,7 +29,7 @@ class _Typed(Struct, frozen=True, kw_only=True, tag_field="type"):
 class OutputText(_Typed, tag="output_text", frozen=True, kw_only=True):
     text: str
     annotations: list[Any] = msgspec.field(default_factory=list)
-    logprobs: list[Any] = msgspec.field(default_factory=list)
+    logprobs: list[TokenLogprob] = msgspec.field(default_factory=list)  # where include asked for them
 
 
 class SummaryText(_Typed, tag="summary_text", frozen=True, kw_only=True):
@@ -133,7 +136,7 @@ class Response(_Obj, frozen=True, kw_only=True):
     incomplete_details: IncompleteDetails | None = None
     instructions: str | None = None
     metadata: dict[str, str] = msgspec.field(default_factory=dict)
-    parallel_tool_calls: bool = True
+    parallel_tool_calls: bool = False  # the service's default: one call per response
     temperature: float
     top_p: float
     tool_choice: Literal["auto", "none", "required"] | NamedFunction = "auto"
@@ -144,7 +147,10 @@ class Response(_Obj, frozen=True, kw_only=True):
     background: bool
     store: bool
     truncation: Literal["disabled"] = "disabled"
-    service_tier: Literal["default"] = "default"
+    service_tier: ServiceTier = "default"
+    prompt_cache_key: str | None = None
+    user: str | None = None
+    safety_identifier: str | None = None
 
 
 # --- stream events ---------------------------------------------------------------------------------
@@ -210,7 +216,7 @@ class OutputTextDelta(_Typed, tag="response.output_text.delta", frozen=True, kw_
     output_index: int
     content_index: int
     delta: str
-    logprobs: list[Any] = msgspec.field(default_factory=list)
+    logprobs: list[TokenLogprob] = msgspec.field(default_factory=list)
 
 
 class OutputTextDone(_Typed, tag="response.output_text.done", frozen=True, kw_only=True):
@@ -219,7 +225,7 @@ class OutputTextDone(_Typed, tag="response.output_text.done", frozen=True, kw_on
     output_index: int
     content_index: int
     text: str
-    logprobs: list[Any] = msgspec.field(default_factory=list)
+    logprobs: list[TokenLogprob] = msgspec.field(default_factory=list)
 
 
 class ArgumentsDelta(_Typed, tag="response.function_call_arguments.delta", frozen=True, kw_only=True):
@@ -312,11 +318,18 @@ class ChatMessage(_Obj, frozen=True, kw_only=True, omit_defaults=True):
 FinishReason = Literal["stop", "length", "tool_calls"]
 
 
+class ChoiceLogprobs(_Obj, frozen=True, kw_only=True):
+    """The log-probabilities of a choice's (or a chunk's) content tokens, where ``logprobs: true`` asked."""
+
+    content: list[TokenLogprob] | None
+    refusal: None = None
+
+
 class Choice(_Obj, frozen=True, kw_only=True):
     index: int = 0
     message: ChatMessage
     finish_reason: FinishReason
-    logprobs: None = None
+    logprobs: ChoiceLogprobs | None = None
 
 
 class PromptTokensDetails(_Obj, frozen=True, kw_only=True):
@@ -338,6 +351,8 @@ class ChatCompletion(_Obj, frozen=True, kw_only=True):
     choices: list[Choice]
     usage: CompletionUsage | None
     system_fingerprint: None = None
+    service_tier: ServiceTier = "default"
+    metadata: dict[str, str] | None = None
 
 
 class ToolCallDelta(_Obj, frozen=True, kw_only=True):
@@ -349,7 +364,8 @@ class ToolCallDelta(_Obj, frozen=True, kw_only=True):
 
 class Delta(_Obj, frozen=True, kw_only=True, omit_defaults=True):
     role: Literal["assistant"] | None = None
-    content: str | None = None
+    # null (rather than left out) in the first chunk of an answer that is not text, as OpenAI sends it
+    content: str | msgspec.UnsetType | None = msgspec.UNSET
     reasoning_content: str | None = None
     tool_calls: list[ToolCallDelta] | None = None
 
@@ -358,7 +374,7 @@ class ChunkChoice(_Obj, frozen=True, kw_only=True):
     index: int = 0
     delta: Delta
     finish_reason: FinishReason | None = None
-    logprobs: None = None
+    logprobs: ChoiceLogprobs | None = None
 
 
 class ChatCompletionChunk(_Obj, frozen=True, kw_only=True):
@@ -368,7 +384,44 @@ class ChatCompletionChunk(_Obj, frozen=True, kw_only=True):
     model: str
     choices: list[ChunkChoice]
     system_fingerprint: None = None
+    service_tier: ServiceTier = "default"
     usage: CompletionUsage | None = None
+
+
+# --- a response's input items (GET /v1/responses/{id}/input_items) and its deletion ------------------
+
+
+class InputText(_Typed, tag="input_text", frozen=True, kw_only=True):
+    text: str
+
+
+class InputMessage(_Typed, tag="message", frozen=True, kw_only=True):
+    """A message of the input: ``input_text`` parts, or an assistant's ``output_text`` parts."""
+
+    id: str
+    role: Literal["user", "system", "assistant"]
+    content: list[InputText | OutputText]
+    status: ItemStatus = "completed"
+
+
+class FunctionCallOutput(_Typed, tag="function_call_output", frozen=True, kw_only=True):
+    id: str
+    call_id: str
+    output: str
+    status: ItemStatus = "completed"
+
+
+InputItem = InputMessage | FunctionCall | FunctionCallOutput | Reasoning
+
+
+class InputItemList(_Obj, frozen=True, kw_only=True):
+    """A page of input items; ``first_id`` and ``last_id`` are null on an empty page."""
+
+    object: Literal["list"] = "list"
+    data: list[InputItem]
+    first_id: str | None
+    last_id: str | None
+    has_more: bool
 
 
 # --- models ------------------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from typing import Any
 import msgspec
 
 from api.openai import objects as oa
-from api.openai.translation import echo_of
+from api.openai.translation import echo_of, tier_of
 from lmsp_core import wire
 from lmsp_core.requests import extensions
 from lmsp_core.requests.chat import message_text
@@ -33,6 +33,7 @@ class ResponseView:
         self.record = record
         self.request = msgspec.json.decode(record.request, type=wire.ResponseRequest)
         self.background = record.kind == "task"
+        self.options = extensions.parse(self.request.extensions)
 
     def response(self, status: oa.ResponseStatus, output: list[oa.OutputItem], *, usage: oa.Usage | None = None,
                  error: oa.ResponseError | None = None, incomplete: oa.IncompleteDetails | None = None,
@@ -47,6 +48,9 @@ class ResponseView:
             tool_choice=_tool_choice(request.tool_choice), tools=[_tool(tool) for tool in request.tools or ()],
             text=self._text(), max_output_tokens=request.max_output_tokens,
             previous_response_id=request.previous_response_id, background=self.background, store=request.store,
+            metadata=self.options.metadata or {}, parallel_tool_calls=self.options.parallel_tool_calls,
+            service_tier=tier_of(request), prompt_cache_key=self.options.prompt_cache_key,
+            user=echo_of(request).get("user"), safety_identifier=echo_of(request).get("safety_identifier"),
         )
 
     def _instructions(self) -> str | None:
@@ -104,7 +108,8 @@ def stored_status(item: wire.OutputItem) -> oa.ItemStatus:
 
 def output_item(item: wire.OutputItem, status: oa.ItemStatus) -> oa.OutputItem:
     if isinstance(item, wire.OutputMessage):
-        return oa.Message(id=item.id, status=status, content=[oa.OutputText(text=part.text) for part in item.content])
+        content = [oa.OutputText(text=part.text, logprobs=part.logprobs or []) for part in item.content]
+        return oa.Message(id=item.id, status=status, content=content)
     if isinstance(item, wire.OutputFunctionCall):
         return oa.FunctionCall(id=item.id, call_id=item.call_id, name=item.name, arguments=item.arguments,
                                status=status)
@@ -164,7 +169,8 @@ class EventRenderer:
             delta = msgspec.json.decode(event.data, type=wire.OutputTextDelta)
             self._texts.setdefault(delta.item_id, []).append(delta.delta)
             return [oa.OutputTextDelta(sequence_number=self._number(), item_id=delta.item_id,
-                                       output_index=self._index[delta.item_id], content_index=0, delta=delta.delta)]
+                                       output_index=self._index[delta.item_id], content_index=0, delta=delta.delta,
+                                       logprobs=delta.logprobs or [])]
         if name == wire.REASONING_DELTA:
             return self._reasoning_delta(msgspec.json.decode(event.data, type=wire.ReasoningSummaryTextDelta))
         if name == wire.ITEM_DONE:
@@ -206,11 +212,12 @@ class EventRenderer:
         events: list[oa.StreamEvent] = []
         if isinstance(item, wire.OutputMessage):
             text = "".join(part.text for part in item.content)
+            logprobs = [entry for part in item.content for entry in part.logprobs or ()]
             events += [
                 oa.OutputTextDone(sequence_number=self._number(), item_id=item.id, output_index=index,
-                                  content_index=0, text=text),
+                                  content_index=0, text=text, logprobs=logprobs),
                 oa.ContentPartDone(sequence_number=self._number(), item_id=item.id, output_index=index,
-                                   content_index=0, part=oa.OutputText(text=text)),
+                                   content_index=0, part=oa.OutputText(text=text, logprobs=logprobs)),
             ]
         elif isinstance(item, wire.OutputFunctionCall):
             events += [

@@ -2,8 +2,9 @@
 
 Only the parameters the service honours are fields; any other is refused while decoding with
 ``400 unsupported_parameter`` naming it (never silently ignored). A few parameters are accepted
-only with the value that asks for what the service does anyway (``n: 1``, ``parallel_tool_calls:
-true``, ...); ``api.openai.translation`` refuses other values with ``400 unsupported_value``.
+only with the value that asks for what the service does anyway (``n: 1``, ``truncation: disabled``,
+...); ``api.openai.translation`` refuses other values with ``400 unsupported_value``. Lengths of
+``metadata``, ``user``, ... are checked there too, so that they fail with OpenAI's codes.
 Input items and chat messages are decoded item by item there, because OpenAI's shorthand message
 (``{"role": "user", "content": "hi"}``) has no ``type`` tag.
 """
@@ -19,6 +20,7 @@ TopP = Annotated[float, Meta(ge=0.0, le=1.0)]
 Tokens = Annotated[int, Meta(ge=1)]
 ObjectId = Annotated[str, Meta(min_length=1, max_length=128)]
 ServiceTier = Literal["auto", "default", "flex", "scale", "priority", "fast", "ultrafast"]
+Metadata = dict[str, Any]  # strings: checked by the translation, which names the key at fault
 
 
 class _Body(Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
@@ -83,11 +85,15 @@ class ResponsesRequest(_Body, frozen=True, kw_only=True):
     max_output_tokens: Tokens | None = None
     temperature: Temperature | None = None
     top_p: TopP | None = None
-    # accepted only with the value that means what the service does
     parallel_tool_calls: bool | None = None
+    metadata: Metadata | None = None
+    user: str | None = None
+    safety_identifier: str | None = None
+    prompt_cache_key: str | None = None
+    service_tier: ServiceTier | None = None
+    # accepted only with the value that means what the service does
     truncation: Literal["auto", "disabled"] | None = None
     include: list[str] | None = None
-    service_tier: ServiceTier | None = None
     top_logprobs: int | None = None
     max_tool_calls: int | None = None
 
@@ -146,15 +152,19 @@ class ChatRequest(_Body, frozen=True, kw_only=True):
     tools: list[ChatTool] | None = None
     tool_choice: Literal["auto", "none", "required"] | ChatNamedTool | None = None
     response_format: TextFormat | JsonObjectFormat | ChatJsonSchemaFormat | None = None
+    parallel_tool_calls: bool | None = None
+    metadata: Metadata | None = None
+    user: str | None = None
+    safety_identifier: str | None = None
+    prompt_cache_key: str | None = None
+    service_tier: ServiceTier | None = None
     # accepted only with the value that means what the service does
     n: int | None = None
-    parallel_tool_calls: bool | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = None
     frequency_penalty: float | None = None
     presence_penalty: float | None = None
     store: bool | None = None
-    service_tier: ServiceTier | None = None
     modalities: list[str] | None = None
 
 

@@ -13,6 +13,7 @@ from typing import Any, Literal
 from api.openai import requests as oa
 from api.openai.errors import converted, unsupported
 from lmsp_core import wire
+from lmsp_core.requests import extensions as ext
 from lmsp_core.requests.catalog import ModelSpec
 from lmsp_core.requests.extensions import SEED, STOP, TOP_P
 from lmsp_core.wire import Capability
@@ -21,6 +22,11 @@ from lmsp_core.wire.errors import InvalidRequest, UnsupportedCapability
 EXTENSION = "x-openai"
 JSON_OBJECT = wire.JsonSchemaSpec(name="json_object", schema={"type": "object"})
 DEFAULT_TIERS = (None, "auto", "default")
+INCLUDE_LOGPROBS = "message.output_text.logprobs"
+# the queue priority of a service tier (docs/protocol.md, "Priorities"); OpenAI answers fast as priority
+TIER_PRIORITIES: dict[str, ext.Priority] = {"flex": "low", "priority": "high", "fast": "high"}
+MAX_USER = 256  # this service's bound: OpenAI documents none
+MAX_SAFETY_IDENTIFIER = 128  # OpenAI's
 
 # the parameter behind each code of the shared checks, per endpoint (errors.with_param)
 _SHARED_PARAMS = {"model_not_found": "model", "max_output_tokens_too_large": "max_output_tokens",
@@ -56,7 +62,8 @@ def responses_request(body: oa.ResponsesRequest, spec: ModelSpec) -> wire.Respon
         model=body.model, input=items, stream=bool(body.stream), max_output_tokens=body.max_output_tokens,
         temperature=body.temperature, response_format=response_format, tools=_tools(body.tools, "tools"),
         tool_choice=_tool_choice(body.tool_choice), store=store, previous_response_id=body.previous_response_id,
-        extensions=_extensions(top_p=body.top_p, echo=echo),
+        extensions=with_client_options(_extensions(top_p=body.top_p, echo=echo,
+                                                   logprobs=responses_logprobs(body)), body),
     )
     _check_capabilities(request, spec, input_param="input", format_param="text.format")
     return request
@@ -72,14 +79,13 @@ def stored(body: oa.ResponsesRequest, spec: ModelSpec) -> bool:
 
 
 def _check_response_options(body: oa.ResponsesRequest) -> None:
-    if body.parallel_tool_calls is False:
-        raise unsupported("parallel_tool_calls", "parallel_tool_calls: false is not supported: a model may call "
-                                                 "several functions in one response.")
     if body.truncation == "auto":
         raise unsupported("truncation", "truncation: auto is not supported: input that does not fit the context "
                                         "window is refused (context_length_exceeded).")
-    if body.include:
-        raise unsupported("include", f"include {body.include!r} is not supported: nothing can be included.")
+    other = [name for name in body.include or () if name != INCLUDE_LOGPROBS]
+    if other:
+        raise unsupported("include", f"include {other!r} is not supported: only {INCLUDE_LOGPROBS!r} can be "
+                                     "included.")
     _common_options(body.service_tier, body.top_logprobs)
     if body.max_tool_calls is not None:
         raise unsupported("max_tool_calls", "max_tool_calls is not supported.", value=False)
@@ -88,10 +94,28 @@ def _check_response_options(body: oa.ResponsesRequest) -> None:
 
 
 def _common_options(service_tier: str | None, top_logprobs: int | None) -> None:
-    if service_tier not in DEFAULT_TIERS:
-        raise unsupported("service_tier", f"service_tier {service_tier!r} is not supported; use 'auto' or 'default'.")
-    if top_logprobs:
-        raise unsupported("top_logprobs", "Log probabilities are not supported.")
+    if service_tier not in DEFAULT_TIERS and service_tier not in TIER_PRIORITIES:
+        raise unsupported("service_tier", f"service_tier {service_tier!r} is not supported; use 'auto', 'default', "
+                                          "'flex' or 'priority'.")
+    if top_logprobs is not None and not 0 <= top_logprobs <= ext.MAX_TOP_LOGPROBS:
+        raise InvalidRequest(f"top_logprobs must be from 0 to {ext.MAX_TOP_LOGPROBS}.", code="invalid_value",
+                             extra={"param": "top_logprobs"})
+
+
+def responses_logprobs(body: oa.ResponsesRequest) -> int | None:
+    """How many alternatives each output token reports (None: no log-probabilities): asked for by
+    ``include``, or by ``top_logprobs`` above 0."""
+    if INCLUDE_LOGPROBS in (body.include or ()) or body.top_logprobs:
+        return body.top_logprobs or 0
+    return None
+
+
+def chat_logprobs(body: oa.ChatRequest) -> int | None:
+    """The same for chat: ``logprobs: true``, with ``top_logprobs`` alternatives (which need it)."""
+    if body.top_logprobs is not None and not body.logprobs:
+        raise InvalidRequest("top_logprobs needs logprobs: true.", code="invalid_value",
+                             extra={"param": "top_logprobs"})
+    return (body.top_logprobs or 0) if body.logprobs else None
 
 
 def _text_format(text: oa.TextConfig | None) -> tuple[wire.ResponseFormat | None, dict[str, Any]]:
@@ -126,8 +150,10 @@ def _tool_choice(choice: str | oa.NamedFunction | oa.ChatNamedTool | None) -> wi
 
 
 def _extensions(*, top_p: float | None = None, seed: int | None = None, stop: str | list[str] | None = None,
-                echo: dict[str, Any] | None = None) -> dict[str, Any] | None:
+                echo: dict[str, Any] | None = None, logprobs: int | None = None) -> dict[str, Any] | None:
     extensions: dict[str, Any] = {}
+    if logprobs is not None:
+        extensions[ext.LOGPROBS] = logprobs
     if top_p is not None:
         extensions[TOP_P] = top_p
     if seed is not None:
@@ -141,8 +167,65 @@ def _extensions(*, top_p: float | None = None, seed: int | None = None, stop: st
 
 def echo_of(request: wire.ResponseRequest) -> dict[str, Any]:
     """What ``x-openai`` recorded about the translation of a request."""
-    echo = (request.extensions or {}).get(EXTENSION)
+    return echo_in(request.extensions)
+
+
+def echo_in(extensions: dict[str, Any] | None) -> dict[str, Any]:
+    echo = (extensions or {}).get(EXTENSION)
     return echo if isinstance(echo, dict) else {}
+
+
+def tier_of(request: wire.ResponseRequest) -> Literal["default", "flex", "priority"]:
+    """The service tier a request was served with: its queue priority, if it chose one."""
+    chosen = ext.parse(request.extensions).priority
+    return "priority" if chosen == "high" else "flex" if chosen == "low" else "default"
+
+
+# --- what both routes take: parameters kept with the task, and their limits ------------------------------
+
+
+ClientBody = oa.ResponsesRequest | oa.ChatRequest
+
+
+def with_client_options(extensions: dict[str, Any] | None, body: ClientBody) -> dict[str, Any] | None:
+    """``extensions`` with what the body's shared parameters ask for: the function calls in one answer,
+    metadata, prompt_cache_key and service_tier as extensions (the worker and the LMSP routes see them),
+    ``user`` and ``safety_identifier`` in ``x-openai`` (only echoed: nothing else reads them)."""
+    _check_limits(body)
+    added: dict[str, Any] = {ext.PARALLEL_TOOL_CALLS: body.parallel_tool_calls, ext.METADATA: body.metadata,
+                             ext.PROMPT_CACHE_KEY: body.prompt_cache_key,
+                             ext.PRIORITY: TIER_PRIORITIES.get(body.service_tier or "")}
+    result = {**(extensions or {}), **{name: value for name, value in added.items() if value is not None}}
+    who = {name: value for name, value in (("user", body.user), ("safety_identifier", body.safety_identifier))
+           if value is not None}
+    if who:
+        result[EXTENSION] = {**echo_in(result), **who}
+    return result or None
+
+
+def _check_limits(body: ClientBody) -> None:
+    """OpenAI's limits, with OpenAI's codes (``object_above_max_properties``, ``string_above_max_length``)."""
+    metadata = body.metadata or {}
+    if len(metadata) > ext.MAX_METADATA_PAIRS:
+        raise InvalidRequest(f"Invalid 'metadata': too many properties. Expected an object with at most "
+                             f"{ext.MAX_METADATA_PAIRS} properties, but got an object with {len(metadata)} "
+                             "properties instead.", code="object_above_max_properties", extra={"param": "metadata"})
+    for key, value in metadata.items():
+        _check_length("metadata", key, ext.MAX_METADATA_KEY, what="key")
+        if not isinstance(value, str):
+            raise InvalidRequest(f"Invalid type for 'metadata.{key}': expected a string.",
+                                 extra={"param": f"metadata.{key}"})
+        _check_length(f"metadata.{key}", value, ext.MAX_METADATA_VALUE)
+    _check_length("prompt_cache_key", body.prompt_cache_key, ext.MAX_PROMPT_CACHE_KEY)
+    _check_length("safety_identifier", body.safety_identifier, MAX_SAFETY_IDENTIFIER)
+    _check_length("user", body.user, MAX_USER)
+
+
+def _check_length(param: str, value: str | None, limit: int, what: str = "string") -> None:
+    if value is not None and len(value) > limit:
+        raise InvalidRequest(f"Invalid {param!r}: {what} too long. Expected a {what} with maximum length {limit}, "
+                             f"but got a {what} with length {len(value)} instead.", code="string_above_max_length",
+                             extra={"param": param})
 
 
 # --- input items -------------------------------------------------------------------------------------
@@ -220,8 +303,8 @@ def chat_request(body: oa.ChatRequest, spec: ModelSpec) -> wire.ResponseRequest:
         max_output_tokens=body.max_completion_tokens or body.max_tokens, temperature=body.temperature,
         response_format=_chat_format(body.response_format), tools=_tools(
             [tool.function for tool in body.tools] if body.tools is not None else None, "tools"),
-        tool_choice=_tool_choice(body.tool_choice), extensions=_extensions(
-            top_p=body.top_p, seed=body.seed, stop=body.stop),
+        tool_choice=_tool_choice(body.tool_choice), extensions=with_client_options(_extensions(
+            top_p=body.top_p, seed=body.seed, stop=body.stop, logprobs=chat_logprobs(body)), body),
     )
     _check_capabilities(request, spec, input_param="messages", format_param="response_format")
     return request
@@ -229,9 +312,6 @@ def chat_request(body: oa.ChatRequest, spec: ModelSpec) -> wire.ResponseRequest:
 
 _NO_EFFECT: list[tuple[str, Any, str]] = [
     ("n", (None, 1), "One choice is returned (n: 1)."),
-    ("parallel_tool_calls", (None, True), "parallel_tool_calls: false is not supported: a model may call several "
-                                          "functions in one answer."),
-    ("logprobs", (None, False), "Log probabilities are not supported."),
     ("frequency_penalty", (None, 0), "frequency_penalty is not supported (only 0)."),
     ("presence_penalty", (None, 0), "presence_penalty is not supported (only 0)."),
     ("store", (None, False), "Chat completions are not stored (store: false); use /v1/responses to store."),

@@ -1,5 +1,6 @@
 """OpenAI's Responses API on the service's tasks: ``POST /v1/responses``, ``GET /v1/responses/{id}``
-(with ``?stream=true&starting_after=N``), ``POST /v1/responses/{id}/cancel``.
+(with ``?stream=true&starting_after=N``), ``POST /v1/responses/{id}/cancel``, ``DELETE
+/v1/responses/{id}``, ``GET /v1/responses/{id}/input_items``.
 
 A response is a task: direct (its connection's, as ``POST /lmsp/v1/responses``) unless
 ``background: true``, which makes it a task of the tasks API, listed at ``/lmsp/v1/tasks`` and
@@ -11,7 +12,7 @@ import asyncio
 import contextlib
 from typing import Annotated, Any
 
-from litestar import Controller, Request, Response, get, post
+from litestar import Controller, Request, Response, delete, get, post
 from litestar.params import Body, Parameter
 
 from api import direct, idempotency, sse
@@ -19,11 +20,14 @@ from api.idempotency import REPLAYED, IdempotencyKey
 from api.openai import PREFIX, docs
 from api.openai import requests as rq
 from api.openai.errors import FailedGeneration, errors_only, with_param
+from api.openai.inputitems import MAX_PAGE, Order, input_items, page
+from api.openai.objects import InputItemList
 from api.openai.objects import Response as ResponseObject
 from api.openai.rendering import ResponseView, response_object
 from api.openai.streams import response_events
 from api.openai.translation import RESPONSES_PARAMS, responses_request
 from api.services import Services
+from api.stored import delete_stored
 from api.submit import submit
 from lmsp_core import wire
 from lmsp_core.store import credentials, eventlog
@@ -146,6 +150,43 @@ class OpenAIResponsesController(Controller):
                 await asyncio.wait_for(_until_final(services, record), CANCEL_WAIT)
         return _json(response_object(ResponseView(await services.store.get(record.id) or record)))
 
+    @delete("/{response_id:str}", status_code=200, summary="Delete a response (OpenAI)",
+            opt={"scope": credentials.RESPONSES_WRITE}, after_request=errors_only,
+            description="OpenAI's `responses.delete`: the stored response can no longer be retrieved, listed or "
+                        "continued (`previous_response_id`), nor a conversation through it. One that is not final "
+                        "yet is cancelled first. Answers `{\"id\", \"object\": \"response.deleted\", \"deleted\": "
+                        "true}`; a second delete is `404`.",
+            responses={200: docs.ok(wire.DeletedResponse, "The response was deleted", docs.DELETED),
+                       **docs.errors(*docs.COMMON_ERRORS, "response_not_found")})
+    async def delete_response(self, response_id: str, services: Services, owner: str) -> Response[Any]:
+        deleted = await delete_stored(services, response_id, owner)
+        return Response(content=wire.encoder.encode(deleted), media_type="application/json")
+
+    @get("/{response_id:str}/input_items", summary="List a response's input items (OpenAI)",
+         opt={"scope": credentials.RESPONSES_READ}, after_request=errors_only,
+         description="OpenAI's `responses.input_items.list`: the input items of the response's own turn (not "
+                     "`instructions`, nor earlier turns), each with an `id`, `limit` per page, newest first "
+                     "(`order=desc`, the default) or in order (`asc`); `after` is the `id` of the last item seen.",
+         responses={200: docs.ok(InputItemList, "A page of input items", docs.INPUT_ITEMS),
+                    **docs.errors(*docs.COMMON_ERRORS, "unsupported_value", "invalid_cursor", "response_not_found")})
+    async def list_input_items(
+        self, response_id: str, services: Services, owner: str,
+        limit: Annotated[int, Parameter(ge=1, le=MAX_PAGE, description="items per page")] = 20,
+        order: Annotated[Order, Parameter(description="`desc`: the last input item first")] = "desc",
+        after: Annotated[str | None, Parameter(description="the `id` of the item to list after")] = None,
+        include: Annotated[list[str] | None, Parameter(
+            description="nothing can be included: absent only",
+            schema_extra={"type": "array", "oneOf": None, "items": {"type": "string"}, "maxItems": 0})] = None,
+    ) -> Response[Any]:
+        if include:
+            raise InvalidRequest(f"include {include!r} is not supported: nothing can be included.",
+                                 code="unsupported_value", extra={"param": "include"})
+        if not ids.is_id(response_id, ids.RESPONSE):
+            raise NotFound(f"Response {response_id!r} does not exist.", code="response_not_found")
+        turn = await services.conversations.load(response_id, owner)
+        listed = page(input_items(turn), limit=limit, order=order, after=after)
+        return Response(content=wire.encoder.encode(listed), media_type="application/json")
+
 
 def _json(value: ResponseObject, headers: dict[str, str] | None = None) -> Response[Any]:
     return Response(content=wire.encoder.encode(value), media_type="application/json", headers=headers or {})
@@ -169,9 +210,10 @@ async def _load(services: Services, response_id: str, owner: str) -> tuple[Store
 
 
 def _view(stored: StoredResponse) -> ResponseView:
-    """What remains of a response whose task record expired: its stored turn (no request options)."""
+    """What remains of a response whose task record expired: its stored turn (no request options but
+    its extensions: metadata, instructions, user, tier)."""
     request = wire.ResponseRequest(model=stored.model, input=stored.input, store=True,
-                                   previous_response_id=stored.previous_response_id)
+                                   previous_response_id=stored.previous_response_id, extensions=stored.extensions)
     return ResponseView(TaskRecord(id=stored.task_id, model=stored.model, owner=stored.owner, kind="direct",
                                    status="completed", created_at=stored.created_at, response_id=stored.response_id,
                                    request=wire.encoder.encode(request)))

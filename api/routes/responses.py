@@ -1,4 +1,5 @@
-"""POST /lmsp/v1/responses: a direct response, synchronous (6.2) or streamed (6.3).
+"""POST /lmsp/v1/responses: a direct response, synchronous (6.2) or streamed (6.3); GET and DELETE
+/lmsp/v1/responses/{id}: a stored one.
 
 A direct response is a task whose lifetime is the HTTP connection: if the client goes away before
 the final event, the task is cancelled and its worker stops generating (6.3 SHOULD). With an
@@ -9,7 +10,7 @@ connection and a repeat waits for (or relays) the same task.
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
-from litestar import Controller, Request, Response, get, post
+from litestar import Controller, Request, Response, delete, get, post
 from litestar.openapi.datastructures import ResponseSpec
 from litestar.params import Body
 
@@ -20,6 +21,7 @@ from api.idempotency import REPLAYED, IdempotencyKey
 from api.problems import problem_response
 from api.services import Services
 from api.sse import relay
+from api.stored import delete_stored
 from api.submit import submit
 from lmsp_core import wire
 from lmsp_core.store import credentials, eventlog
@@ -84,6 +86,19 @@ class ResponsesController(Controller):
         if not ids.is_id(response_id, ids.RESPONSE):
             raise NotFound(f"Response {response_id!r} does not exist.", code="response_not_found")
         return (await services.conversations.load(response_id, owner)).as_response()
+
+    @delete("/{response_id:str}", status_code=200, summary="Delete a stored response",
+            opt={"scope": credentials.RESPONSES_WRITE},
+            description="Deletes a stored response of the caller: it can no longer be retrieved or continued "
+                        "(`previous_response_id`), nor a conversation through it. One that is not final yet is "
+                        "cancelled first. Unknown, another principal's or already deleted responses are "
+                        "`404 response_not_found`. (Not part of LMSP 1.0; the answer is OpenAI's.)",
+            responses={200: doc.ok(wire.DeletedResponse, "The response was deleted",
+                                   doc.example("Deleted", wire.DeletedResponse(id=doc.RESPONSE_ID))),
+                       **doc.problems("invalid_request", "response_not_found", "service_unavailable",
+                                      *doc.GUARDED)})
+    async def delete_response(self, response_id: str, services: Services, owner: str) -> wire.DeletedResponse:
+        return await delete_stored(services, response_id, owner)
 
 
 async def _check_history(services: Services, record: TaskRecord) -> None:

@@ -2,8 +2,9 @@
 
 The built-in catalog has the default model, ``tiny-random`` and ``llama-8b-random`` (random weights in
 the Llama-3.1-8B shape, bf16: for benchmarks on a GPU); ``LMSP_MODELS_FILE`` (a JSON list
-of specs) adds models or replaces built-in ones by id. API and workers read the same catalog, so
-they agree on ids, context windows and capabilities.
+of specs) adds models or replaces built-in ones by id, and so, after it, does ``LMSP_MODEL_SPECS``
+(the same list inline: the models the command line names by path, ``lmsp_core.requests.modelpaths``).
+API and workers read the same catalog, so they agree on ids, context windows and capabilities.
 """
 
 from pathlib import Path
@@ -43,7 +44,7 @@ class ReasoningFormat(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
 
 class ModelSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     id: Annotated[str, Meta(min_length=1, max_length=256)]
-    # "gguf-package:<python package>/<file.gguf>", "hf-dir:<path>", "tiny-random" or
+    # "gguf-package:<python package>/<file.gguf>", "gguf-file:<path>", "hf-dir:<path>", "tiny-random" or
     # "random-llama:<shape>" (workers/model/loader.py, LLAMA_SHAPES)
     source: str
     context_window: Annotated[int, Meta(ge=16)]
@@ -117,6 +118,8 @@ class Catalog:
         if settings.models_file:
             extra = msgspec.json.decode(Path(settings.models_file).read_bytes(), type=list[ModelSpec])
             specs.update({spec.id: spec for spec in extra})
+        if settings.model_specs:
+            specs.update({spec.id: spec for spec in msgspec.json.decode(settings.model_specs, type=list[ModelSpec])})
         return cls(list(specs.values()))
 
     def __iter__(self):  # type: ignore[no-untyped-def]

@@ -20,12 +20,24 @@ TOP_P = "x-top_p"
 STOP = "x-stop"
 PRIORITY = "x-priority"
 REASONING_BUDGET = "x-reasoning_budget"
+PARALLEL_TOOL_CALLS = "x-parallel_tool_calls"
+METADATA = "x-metadata"
+PROMPT_CACHE_KEY = "x-prompt_cache_key"
+LOGPROBS = "x-logprobs"  # the most likely tokens to report beside each generated one (docs/protocol.md)
+MAX_TOP_LOGPROBS = 20
 
 MAX_STOPS = 4
 MAX_STOP_LENGTH = 64
+# OpenAI's limits for metadata and prompt_cache_key, so that a request passes here where it passes there
+MAX_METADATA_PAIRS = 16
+MAX_METADATA_KEY = 64
+MAX_METADATA_VALUE = 512
+MAX_PROMPT_CACHE_KEY = 64
 
 Priority = Literal["high", "normal", "low"]
 StopString = Annotated[str, Meta(min_length=1, max_length=MAX_STOP_LENGTH)]
+Metadata = Annotated[dict[Annotated[str, Meta(max_length=MAX_METADATA_KEY)],
+                          Annotated[str, Meta(max_length=MAX_METADATA_VALUE)]], Meta(max_length=MAX_METADATA_PAIRS)]
 
 _TYPES: dict[str, Any] = {
     SEED: Annotated[int, Meta(ge=0, le=2**63 - 1)],
@@ -33,8 +45,14 @@ _TYPES: dict[str, Any] = {
     STOP: StopString | Annotated[list[StopString], Meta(min_length=1, max_length=MAX_STOPS)],
     PRIORITY: Priority,
     REASONING_BUDGET: Annotated[int, Meta(ge=0)],
+    PARALLEL_TOOL_CALLS: bool,
+    METADATA: Metadata,
+    PROMPT_CACHE_KEY: Annotated[str, Meta(min_length=1, max_length=MAX_PROMPT_CACHE_KEY)],
+    LOGPROBS: Annotated[int, Meta(ge=0, le=MAX_TOP_LOGPROBS)],
 }
-_FIELDS = {SEED: "seed", TOP_P: "top_p", STOP: "stop", PRIORITY: "priority", REASONING_BUDGET: "reasoning_budget"}
+_FIELDS = {SEED: "seed", TOP_P: "top_p", STOP: "stop", PRIORITY: "priority", REASONING_BUDGET: "reasoning_budget",
+           PARALLEL_TOOL_CALLS: "parallel_tool_calls", METADATA: "metadata", PROMPT_CACHE_KEY: "prompt_cache_key",
+           LOGPROBS: "logprobs"}
 KNOWN = frozenset(_TYPES)
 
 
@@ -46,6 +64,10 @@ class Extensions(msgspec.Struct, frozen=True, kw_only=True):
     stop: tuple[str, ...] = ()
     priority: Priority | None = None
     reasoning_budget: int | None = None
+    parallel_tool_calls: bool = False  # one function call per response unless asked (docs/protocol.md)
+    metadata: dict[str, str] | None = None
+    prompt_cache_key: str | None = None  # narrows the prompt prefixes a request may reuse
+    logprobs: int | None = None
 
 
 def json_schema() -> dict[str, Any]:

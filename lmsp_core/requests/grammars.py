@@ -5,10 +5,10 @@ grammars and enforce them token by token, so tool-call arguments and json_schema
 parse and validate.
 
 Tool calls use one text format, whatever the model (see docs/protocol.md):
-``<tool_call>{"name": "<tool>", "arguments": {...}}</tool_call>`` (one call per response by default;
-several are separated by a newline). It is the format of Hermes-style chat templates (Qwen, Hermes
-and others), so models whose template knows tools see their native format, and others are told
-about it in the system prompt.
+``<tool_call>{"name": "<tool>", "arguments": {...}}</tool_call>`` (one call per response unless the
+request sets ``x-parallel_tool_calls``; several are separated by a newline). It is the format of
+Hermes-style chat templates (Qwen, Hermes and others), so models whose template knows tools see
+their native format, and others are told about it in the system prompt.
 """
 
 import json
@@ -18,6 +18,7 @@ from typing import Any
 import llguidance
 
 from lmsp_core import wire
+from lmsp_core.requests import extensions
 from lmsp_core.requests.catalog import ReasoningFormat
 
 CALL_OPEN = "<tool_call>"
@@ -73,14 +74,14 @@ def _json_lark(schema: dict[str, Any]) -> str:
     return f"%json {json.dumps({**schema, 'x-guidance': options})}"
 
 
-def generation_grammar(request: wire.ResponseRequest, parallel_calls: bool = False,
-                       reasoning: ReasoningFormat | None = None) -> str | None:
+def generation_grammar(request: wire.ResponseRequest, reasoning: ReasoningFormat | None = None) -> str | None:
     """The llguidance grammar the output must follow, or None when it is free text.
 
-    A response makes one call unless ``parallel_calls``: small models that were not trained for tools
-    otherwise repeat the same call until the token budget runs out. For a reasoning model the
-    grammar starts with the reasoning section (free text up to the first end marker, then optional
-    whitespace), so the answer's grammar applies after it only."""
+    A response makes one call unless it asks for several (``x-parallel_tool_calls``): small models
+    that were not trained for tools otherwise repeat the same call until the token budget runs out.
+    For a reasoning model the grammar starts with the reasoning section (free text up to the first
+    end marker, then optional whitespace), so the answer's grammar applies after it only."""
+    parallel_calls = extensions.parse(request.extensions).parallel_tool_calls
     if reasoning is None:
         answer = _answer_lark(request, parallel_calls, "start", after_reasoning=False)
         return None if answer is None else llguidance.LLMatcher.grammar_from_lark(answer)

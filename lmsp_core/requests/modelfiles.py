@@ -4,22 +4,25 @@ A worker publishes the card (tokenizer, chat template, stop tokens) of every mod
 (``lmsp_core.store.registry``). Until one has, the API builds the same card from the model's files, so
 that it counts prompt tokens at submit even with no worker running (a prompt too long for the
 context window is a 400 then, never a task that fails later). It needs no torch: the tokenizer is
-a ``tokenizers`` JSON file, or a GGUF file's vocabulary read with ``gguf``.
+a ``tokenizers`` JSON file, or a GGUF file's vocabulary read from its header (``gguf_fields``).
 
 Where the files are, per catalog source (``workers.model.loader`` puts them there):
 - ``hf-dir:<path>``: the directory itself.
-- ``gguf-package:<package>/<file>``: the copy a worker converted into the model cache
-  (``<model_cache>/models/<id>``); before any worker converted it, the GGUF file's own vocabulary
+- ``gguf-package:<package>/<file>``, ``gguf-file:<path>``: the copy a worker converted into the model
+  cache (``converted_dir``); before any worker converted it, the GGUF file's own vocabulary
   (byte-level BPE vocabularies only; others wait for a worker's card).
 - ``tiny-random``, ``random-llama:<shape>``: the tokenizer of the default model, found as above.
 """
 
+import hashlib
 import importlib.util
 import json
 import logging
 import re
+import struct
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 
@@ -34,8 +37,21 @@ def slug(model_id: str) -> str:
 
 
 def converted_dir(spec: ModelSpec, cache_dir: Path) -> Path:
-    """Where a worker keeps the converted copy of a packaged GGUF model."""
-    return cache_dir / "models" / slug(spec.id)
+    """Where a worker keeps the converted copy of a GGUF model: a packaged one by its id; a file given by
+    path by the file itself (its path, size and time), so that another file of the same name, or the
+    same file replaced, is converted anew."""
+    if not spec.source.startswith("gguf-file:"):
+        return cache_dir / "models" / slug(spec.id)
+    path = gguf_file(spec).absolute()
+    stat = path.stat()
+    identity = hashlib.sha256(f"{path}\0{stat.st_size}\0{stat.st_mtime_ns}".encode()).hexdigest()[:12]
+    return cache_dir / "models" / f"{slug(path.stem)}-{identity}"
+
+
+def gguf_file(spec: ModelSpec) -> Path:
+    """The GGUF file of a ``gguf-package:`` or ``gguf-file:`` model."""
+    kind, _, location = spec.source.partition(":")
+    return package_file(location) if kind == "gguf-package" else Path(location)
 
 
 def package_file(location: str) -> Path:
@@ -67,10 +83,10 @@ def card_from_files(spec: ModelSpec, cache_dir: Path) -> ModelCard | None:
     try:
         if kind == "hf-dir":
             found = _from_dir(Path(location))
-        elif kind == "gguf-package":
-            found = _packaged(spec, cache_dir)
+        elif kind in ("gguf-package", "gguf-file"):
+            found = _gguf(spec, cache_dir)
         elif kind in ("tiny-random", "random-llama"):  # the default model's tokenizer, its end token only
-            found = _packaged(SMOLLM2, cache_dir)
+            found = _gguf(SMOLLM2, cache_dir)
             if found is not None:
                 found.model_eos = []
         else:
@@ -92,11 +108,11 @@ def _card(spec: ModelSpec, found: _Tokenizer) -> ModelCard | None:
                      bos_token=found.bos, eos_token=found.eos, stop_token_ids=sorted(stop_ids), prompt_suffix=suffix)
 
 
-def _packaged(spec: ModelSpec, cache_dir: Path) -> _Tokenizer | None:
+def _gguf(spec: ModelSpec, cache_dir: Path) -> _Tokenizer | None:
     converted = converted_dir(spec, cache_dir)
     if (converted / "tokenizer.json").exists():
         return _from_dir(converted)
-    return _from_gguf(package_file(spec.source.partition(":")[2]))
+    return _from_gguf(gguf_file(spec))
 
 
 # --- a transformers model directory -------------------------------------------------------------------
@@ -107,15 +123,25 @@ def _from_dir(path: Path) -> _Tokenizer:
         raise FileNotFoundError(f"{path} has no tokenizer.json")
     config = _json(path / "tokenizer_config.json")
     special = _json(path / "special_tokens_map.json")
-    template = path / "chat_template.jinja"
-    chat_template = template.read_text() if template.exists() else config.get("chat_template")
     generation = _json(path / "generation_config.json") or _json(path / "config.json")
     model_eos = generation.get("eos_token_id")
-    return _Tokenizer(Tokenizer.from_file(str(path / "tokenizer.json")),
-                      chat_template if isinstance(chat_template, str) else None,
+    return _Tokenizer(Tokenizer.from_file(str(path / "tokenizer.json")), dir_chat_template(path),
                       _token(config.get("bos_token", special.get("bos_token"))),
                       _token(config.get("eos_token", special.get("eos_token"))),
                       model_eos if isinstance(model_eos, list) else [] if model_eos is None else [model_eos])
+
+
+def dir_chat_template(path: Path) -> str | None:
+    """A model directory's chat template: chat_template.jinja, else tokenizer_config.json's (its
+    ``default`` one where it names several)."""
+    template = path / "chat_template.jinja"
+    if template.exists():
+        return template.read_text()
+    found = _json(path / "tokenizer_config.json").get("chat_template")
+    if isinstance(found, list):
+        found = next((entry.get("template") for entry in found if isinstance(entry, dict)
+                      and entry.get("name") == "default"), None)
+    return found if isinstance(found, str) else None
 
 
 def _json(path: Path) -> dict[str, Any]:
@@ -148,21 +174,72 @@ GGUF_SPLITS: dict[str, str | None] = {
 _CONTROL, _USER_DEFINED = 3, 4  # llama.cpp's token types
 
 
+# the value types of GGUF metadata (ggml's gguf.h): scalars by struct format, strings, arrays
+_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+_STRING, _ARRAY = 8, 9
+
+
+def is_gguf(path: Path) -> bool:
+    with path.open("rb") as file:
+        return file.read(4) == b"GGUF"
+
+
+def gguf_fields(path: Path, wanted: Callable[[str], bool]) -> dict[str, Any]:
+    """The metadata fields of a GGUF file whose keys are ``wanted``. Read straight from its header,
+    skipping the rest: gguf's own reader parses every field, a vocabulary too, which takes seconds."""
+    with path.open("rb") as file:
+        magic, version, _, count = struct.unpack("<4sIQQ", file.read(24))
+        if magic != b"GGUF" or version < 2:  # version 1 counted in 32 bits
+            raise ValueError(f"{path.name} is not a GGUF file of version 2 or later")
+        found: dict[str, Any] = {}
+        for _ in range(count):
+            key = _gguf_value(file, _STRING, keep=True)
+            (kind,) = struct.unpack("<I", file.read(4))
+            keep = wanted(key)
+            value = _gguf_value(file, kind, keep)
+            if keep:
+                found[key] = value
+        return found
+
+
+def _gguf_value(file: BinaryIO, kind: int, keep: bool) -> Any:
+    """The next value of type ``kind``; without ``keep``, skipped (None)."""
+    if kind in _SCALARS:
+        data = file.read(struct.calcsize(_SCALARS[kind]))
+        return struct.unpack(_SCALARS[kind], data)[0] if keep else None
+    if kind == _STRING:
+        (length,) = struct.unpack("<Q", file.read(8))
+        if keep:
+            return file.read(length).decode()
+        file.seek(length, 1)
+        return None
+    if kind != _ARRAY:
+        raise ValueError(f"unknown GGUF value type {kind}")
+    item, length = struct.unpack("<IQ", file.read(12))
+    if item not in _SCALARS:
+        values = [_gguf_value(file, item, keep) for _ in range(length)]
+        return values if keep else None
+    size = length * struct.calcsize(_SCALARS[item])
+    if keep:
+        return list(struct.unpack(f"<{length}{_SCALARS[item][1]}", file.read(size)))
+    file.seek(size, 1)
+    return None
+
+
+_VOCABULARY = ("tokenizer.ggml.model", "tokenizer.ggml.pre", "tokenizer.ggml.tokens", "tokenizer.ggml.merges",
+               "tokenizer.ggml.token_type", "tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id",
+               "tokenizer.chat_template")
+
+
 def _from_gguf(path: Path) -> _Tokenizer | None:
-    from gguf import GGUFReader  # numpy-based and slow to import: only here
-
-    fields = GGUFReader(path).fields
-
-    def value(key: str) -> Any:
-        field = fields.get(key)
-        return None if field is None else field.contents()
-
+    fields = gguf_fields(path, _VOCABULARY.__contains__)
+    value = fields.get
     pre = value("tokenizer.ggml.pre") or "default"
     if value("tokenizer.ggml.model") != "gpt2" or pre not in GGUF_SPLITS:
         logger.info("%s: a %s/%s vocabulary; the API waits for a worker's card", path.name,
                     value("tokenizer.ggml.model"), pre)
         return None
-    tokens: list[str] = value("tokenizer.ggml.tokens")
+    tokens: list[str] = fields["tokenizer.ggml.tokens"]
     tokenizer = _byte_level(tokens, value("tokenizer.ggml.merges") or [], value("tokenizer.ggml.token_type") or [],
                             GGUF_SPLITS[pre])
     bos, eos = value("tokenizer.ggml.bos_token_id"), value("tokenizer.ggml.eos_token_id")

@@ -8,11 +8,13 @@ state (6.1). Each continuation extends the retention of the whole chain.
 """
 
 from collections.abc import Sequence
+from typing import Any
 
 import msgspec
 from redis.asyncio import Redis
 
 from lmsp_core import wire
+from lmsp_core.requests import extensions
 from lmsp_core.settings import Settings
 from lmsp_core.store import keys
 from lmsp_core.store.tasks import TaskRecord
@@ -30,13 +32,17 @@ class StoredResponse(msgspec.Struct, frozen=True, kw_only=True):
     input: list[wire.InputItem]  # this turn's own input items
     previous_response_id: str | None = None
     response: wire.Response | None = None  # None until the response is final
+    # the request's extensions: what the response object echoes once the task's record has expired
+    extensions: dict[str, Any] | None = None
 
     def as_response(self) -> wire.Response:
         """The stored response, or an in-progress response object while it is being generated."""
         if self.response is not None:
             return self.response
+        metadata = extensions.parse(self.extensions).metadata
         return wire.Response(id=self.response_id, created_at=int(self.created_at), status="in_progress",
-                             model=self.model, output=[], usage=None)
+                             model=self.model, output=[], usage=None,
+                             metadata=msgspec.UNSET if metadata is None else metadata)
 
 
 def output_as_input(item: wire.OutputItem) -> wire.InputItem:
@@ -82,6 +88,7 @@ class ConversationStore:
             input=msgspec.json.decode(fields["input"], type=list[wire.InputItem]),
             previous_response_id=fields["previous"].decode() if "previous" in fields else None,
             response=msgspec.json.decode(fields["response"], type=wire.Response) if "response" in fields else None,
+            extensions=msgspec.json.decode(fields["extensions"]) if "extensions" in fields else None,
         )
 
     async def chain(self, response_id: str, owner: str) -> list[StoredResponse]:
@@ -108,6 +115,8 @@ class ConversationStore:
         }
         if request.previous_response_id is not None:
             mapping["previous"] = request.previous_response_id
+        if request.extensions:
+            mapping["extensions"] = msgspec.json.encode(request.extensions)
         async with self.redis.pipeline(transaction=False) as pipe:
             pipe.hset(keys.stored(record.id), mapping=mapping)
             pipe.pexpire(keys.stored(record.id), self.ttl_ms)
@@ -120,3 +129,8 @@ class ConversationStore:
     async def forget(self, record: TaskRecord) -> None:
         """Drop a turn whose task was never queued."""
         await self.redis.delete(keys.stored(record.id), keys.response(record.response_id))
+
+    async def delete(self, turn: StoredResponse) -> None:
+        """Delete a stored turn: it can no longer be read or continued (nor a conversation through it).
+        A task still running writes no response back: the final step writes only into a turn that exists."""
+        await self.redis.delete(keys.stored(turn.task_id), keys.response(turn.response_id))

@@ -26,6 +26,7 @@ class DeliveredOutput:
         self._items: dict[int, wire.OutputItem] = {}  # by output index: as announced, then as done
         self._done: set[int] = set()
         self._texts: dict[str, list[str]] = {}  # item id -> its deltas (message text, reasoning summary)
+        self._logprobs: dict[str, list[wire.TokenLogprob]] = {}  # item id -> its deltas' log-probabilities
 
     def add(self, name: str, data: Any) -> None:
         """One event: its name and its wire Struct."""
@@ -33,6 +34,8 @@ class DeliveredOutput:
             self._items[data.output_index] = data.item
         elif isinstance(data, wire.OutputTextDelta | wire.ReasoningSummaryTextDelta):
             self._texts.setdefault(data.item_id, []).append(data.delta)
+            if isinstance(data, wire.OutputTextDelta) and data.logprobs:
+                self._logprobs.setdefault(data.item_id, []).extend(data.logprobs)
         elif isinstance(data, wire.OutputItemDone):
             self._items[data.output_index] = data.item
             self._done.add(data.output_index)
@@ -49,10 +52,16 @@ class DeliveredOutput:
         return [item if index in self._done else self._cut_short(item)
                 for index, item in sorted(self._items.items())]
 
+    def logprobs(self, item_id: str) -> list[wire.TokenLogprob]:
+        """The log-probabilities a message's deltas carried (none where they were not asked for)."""
+        return list(self._logprobs.get(item_id, ()))
+
     def _cut_short(self, item: wire.OutputItem) -> wire.OutputItem:
         text = "".join(self._texts.get(item.id, ()))
         if isinstance(item, wire.OutputMessage):
-            return msgspec.structs.replace(item, content=[wire.OutputTextPart(text=text)], status="incomplete")
+            logprobs = self._logprobs.get(item.id)
+            part = wire.OutputTextPart(text=text, logprobs=logprobs if logprobs is not None else msgspec.UNSET)
+            return msgspec.structs.replace(item, content=[part], status="incomplete")
         if isinstance(item, wire.OutputReasoning):
             return msgspec.structs.replace(item, summary=[wire.SummaryTextPart(text=text)] if text else [],
                                            status="incomplete")

@@ -81,6 +81,8 @@ class TaskRecord(msgspec.Struct, frozen=True, kw_only=True):
     # the model card it used; None where the API had no card: the worker renders and checks it then
     prompt: bytes | None = None
     prompt_card: str | None = None
+    # the request's x-metadata (JSON), which every response object of the task carries
+    metadata: bytes | None = None
 
     def prompt_ids(self, card_digest: str) -> list[int] | None:
         """The prompt the API rendered, if it used the card the worker has (else None)."""
@@ -100,6 +102,10 @@ class TaskRecord(msgspec.Struct, frozen=True, kw_only=True):
     def response_object(self) -> wire.Response | None:
         return msgspec.json.decode(self.response, type=wire.Response) if self.response else None
 
+    def metadata_map(self) -> dict[str, str] | msgspec.UnsetType:
+        """The task's metadata, as response and task objects carry it (UNSET: none)."""
+        return msgspec.json.decode(self.metadata, type=dict[str, str]) if self.metadata else msgspec.UNSET
+
     def problem(self) -> wire.Problem | None:
         return msgspec.json.decode(self.error, type=wire.Problem) if self.error else None
 
@@ -114,6 +120,7 @@ class TaskRecord(msgspec.Struct, frozen=True, kw_only=True):
             response_id=self.response_id,
             response=self.response_object(),
             error=self.problem(),
+            metadata=self.metadata_map(),
         )
 
 
@@ -129,7 +136,7 @@ def _record(raw: dict[bytes, bytes]) -> TaskRecord:
     data.update({name: fields[name].decode() for name in _OPTIONAL_TEXT_FIELDS if name in fields})
     data.update({name: float(fields[name]) for name in _FLOAT_FIELDS if name in fields})
     data.update({name: int(fields[name]) for name in _INT_FIELDS if name in fields})
-    data.update({name: fields[name] for name in ("request", "response", "error", "context", "prompt")
+    data.update({name: fields[name] for name in ("request", "response", "error", "context", "prompt", "metadata")
                  if name in fields})
     data["cancel_requested"] = "cancel" in fields
     return msgspec.convert(data, TaskRecord)
@@ -191,7 +198,7 @@ class TaskStore:
         mapping: dict[str, str | bytes | float | int] = {
             name: getattr(record, name) for name in (*_TEXT_FIELDS, "created_at", "request")
         }
-        for name in ("context", "prompt", "prompt_card"):
+        for name in ("context", "prompt", "prompt_card", "metadata"):
             if (value := getattr(record, name)) is not None:
                 mapping[name] = value
         async with self.redis.pipeline(transaction=False) as pipe:
@@ -305,10 +312,11 @@ class TaskStore:
 def cancelled_response(record: TaskRecord) -> wire.Response:
     """The response object of a task cancelled before it produced anything."""
     return wire.Response(id=record.response_id, created_at=int(record.created_at), status="cancelled",
-                         model=record.model, output=[], usage=None)
+                         model=record.model, output=[], usage=None, metadata=record.metadata_map())
 
 
 def failed_response_object(record: TaskRecord, problem: wire.Problem,
                            output: Sequence[wire.OutputItem] = ()) -> wire.Response:
     return wire.Response(id=record.response_id, created_at=int(record.created_at), status="failed",
-                         model=record.model, output=list(output), usage=None, error=problem)
+                         model=record.model, output=list(output), usage=None, error=problem,
+                         metadata=record.metadata_map())

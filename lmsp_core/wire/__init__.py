@@ -172,8 +172,27 @@ class _Out(Struct, frozen=True, kw_only=True, tag_field="type"):
     """Base of response-side tagged structs."""
 
 
+class TopLogprob(Struct, frozen=True, kw_only=True):
+    """One of the most likely tokens at a step, with its log-probability."""
+
+    token: str  # the token's text (invalid UTF-8 as ``\\xNN`` escapes)
+    logprob: float
+    bytes: list[int]  # the token's exact bytes
+
+
+class TokenLogprob(Struct, frozen=True, kw_only=True):
+    """A generated token's log-probability and the most likely tokens at its step (an extension, only
+    where the request asked: docs/protocol.md, "Log probabilities")."""
+
+    token: str
+    logprob: float
+    bytes: list[int]
+    top_logprobs: list[TopLogprob]
+
+
 class OutputTextPart(_Out, tag="output_text", frozen=True):
     text: str
+    logprobs: list[TokenLogprob] | UnsetType = UNSET  # only where the request asked for them
 
 
 class OutputMessage(_Out, tag="message", frozen=True):
@@ -240,6 +259,16 @@ class Response(Struct, frozen=True, kw_only=True):
     usage: Usage | None
     error: Problem | None = None
     incomplete_details: IncompleteDetails | None = None
+    # not part of LMSP 1.0 (clients ignore unknown fields): the request's x-metadata, only where it had some
+    metadata: dict[str, str] | UnsetType = UNSET
+
+
+class DeletedResponse(Struct, frozen=True, kw_only=True):
+    """The answer of ``DELETE /lmsp/v1/responses/{id}`` (and of ``/v1``'s, which is OpenAI's shape)."""
+
+    id: str
+    object: Literal["response.deleted"] = "response.deleted"
+    deleted: bool = True
 
 
 # --- stream events (6.3) -------------------------------------------------------------------------
@@ -260,6 +289,7 @@ class OutputTextDelta(Struct, frozen=True, kw_only=True):
     response_id: str
     item_id: str
     delta: str
+    logprobs: list[TokenLogprob] | UnsetType = UNSET  # the tokens whose text the delta completes, where asked
 
 
 class ReasoningSummaryTextDelta(Struct, frozen=True, kw_only=True):
@@ -348,6 +378,7 @@ class Task(Struct, frozen=True, kw_only=True):
     response_id: str
     response: Response | None = None
     error: Problem | None = None
+    metadata: dict[str, str] | UnsetType = UNSET  # the request's x-metadata, only where it had some
 
 
 class TaskList(Struct, frozen=True, kw_only=True):

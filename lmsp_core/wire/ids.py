@@ -4,14 +4,14 @@ All 128 bits are random (the ULID time prefix is not used), so an id cannot be g
 from another one; ordering comes from ``created_at`` instead.
 """
 
+import hashlib
 import secrets
 
 _CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
 _LENGTH = 26  # 130 bits of base32: the top character only takes 0-7, as in a ULID
 
 
-def _random_ulid() -> str:
-    value = secrets.randbits(128)
+def _ulid(value: int) -> str:
     chars = []
     for _ in range(_LENGTH):
         chars.append(_CROCKFORD[value & 31])
@@ -21,7 +21,13 @@ def _random_ulid() -> str:
 
 def new_id(prefix: str) -> str:
     """A new id such as ``resp_01J8M6Q4W2T7N5R3V9X1Z8B0DF``."""
-    return f"{prefix}_{_random_ulid()}"
+    return f"{prefix}_{_ulid(secrets.randbits(128))}"
+
+
+def derived_id(prefix: str, seed: str) -> str:
+    """The same id for the same ``seed`` every time (an input item stored without one, named by its
+    task's id and its place); as hard to guess as the seed."""
+    return f"{prefix}_{_ulid(int.from_bytes(hashlib.sha256(seed.encode()).digest()[:16], 'big'))}"
 
 
 def is_id(value: str, prefix: str) -> bool:
@@ -45,5 +51,6 @@ TASK = "task"
 RESPONSE = "resp"
 MESSAGE = "msg"
 FUNCTION_CALL = "fc"
+FUNCTION_CALL_OUTPUT = "fco"
 CALL = "call"
 REASONING = "rs"

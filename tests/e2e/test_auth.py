@@ -42,6 +42,7 @@ ROUTES: list[tuple[str, str, str | None]] = [
     ("GET", "/lmsp/v1/models/{model_id}", credentials.MODELS_READ),
     ("GET", "/lmsp/v1/tasks", credentials.TASKS_READ),
     ("GET", "/lmsp/v1/responses/{response_id}", credentials.RESPONSES_READ),
+    ("DELETE", "/lmsp/v1/responses/{response_id}", credentials.RESPONSES_WRITE),
     ("GET", "/metrics", credentials.MODELS_READ),
     ("GET", "/status", credentials.MODELS_READ),
     ("GET", "/healthz", None),
@@ -71,7 +72,8 @@ def test_the_scope_table_of_the_protocol_doc_tells_the_truth() -> None:
     text = (ROOT / "docs" / "protocol.md").read_text()
     table = text[text.index("**Scopes per route.**"):text.index("**`LMSP_AUTH`.**")]
     documented = {}
-    for method, path, scope in re.findall(r"^\| `(GET|POST) (\S+)`[^|]* \| (`[a-z]+:[a-z]+`|public)", table, re.M):
+    row = r"^\| `(GET|POST|DELETE) (\S+)`[^|]* \| (`[a-z]+:[a-z]+`|public)"
+    for method, path, scope in re.findall(row, table, re.M):
         documented[(method, path)] = None if scope == "public" else scope.strip("`")
     assert documented == {(method, path): scope for method, path, scope in ROUTES + OPENAI_ROUTES}
     assert "no route needs" not in text

@@ -15,6 +15,8 @@ import httpx
 import pytest
 
 from lmsp.up import needs_local_redis
+from lmsp_core.requests.catalog import SMOLLM2
+from lmsp_core.requests.modelfiles import package_file
 from lmsp_core.settings import Settings
 from tests.support import ROOT, body, free_port, wait_port
 
@@ -52,10 +54,10 @@ def alive(pid: int) -> bool:
 
 
 class Up:
-    """``lmsp up`` on a free port with the tiny random model and a data directory of its own; its
-    output goes to a file (a pipe would stay open as long as any child holds it)."""
+    """``lmsp up`` on a free port with the tiny random model (or the model flags given) and a data
+    directory of its own; its output goes to a file (a pipe would stay open as long as any child holds it)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *model: str) -> None:
         self.port = free_port()
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("LMSP_")}
         self.env["XDG_DATA_HOME"] = tempfile.mkdtemp(prefix="lmsp-data-")
@@ -64,13 +66,14 @@ class Up:
         self.children: dict[int, bytes] = {}  # pid: command line
         with open(self.log, "wb") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "lmsp.cli", "up", "--port", str(self.port), "--model", "tiny-random"],
+                [sys.executable, "-m", "lmsp.cli", "up", "--port", str(self.port),
+                 *(model or ("--model", "tiny-random"))],
                 env=self.env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
 
-    async def ready(self) -> None:
+    async def ready(self, timeout: float = 120) -> None:
         wait_port(self.port, timeout=60)
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{self.port}", timeout=60) as client:
-            deadline = time.monotonic() + 120
+            deadline = time.monotonic() + timeout
             while (await client.get("/readyz")).status_code != 200:
                 assert time.monotonic() < deadline, "the worker never became ready"
                 await asyncio.sleep(0.2)
@@ -110,6 +113,29 @@ async def test_lmsp_up_serves_requests_and_stops_its_children(stop: signal.Signa
         assert "Traceback" not in up.output()
         # the local Redis kept its append-only file in the data directory
         assert (Path(up.env["XDG_DATA_HOME"]) / "lmsp" / "redis").is_dir()
+    finally:
+        up.cleanup()
+
+
+@pytest.mark.smollm2
+async def test_lmsp_up_serves_a_gguf_file_given_by_path() -> None:
+    """As a newcomer types it: the file and nothing else. It is served under its name, with the context
+    window of its metadata (the first start converts it, as it does the packaged default model)."""
+    gguf = package_file(SMOLLM2.source.partition(":")[2])
+    up = Up("--model", str(gguf))
+    try:
+        await up.ready(timeout=600)
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{up.port}", timeout=120) as client:
+            model = (await client.get("/lmsp/v1/models/SmolLM2-135M-Instruct.Q4_1")).json()
+            assert (model["status"], model["context_window"]) == ("available", 8192), model
+            answer = await client.post("/v1/chat/completions", json={
+                "model": "SmolLM2-135M-Instruct.Q4_1", "max_tokens": 8, "temperature": 0,
+                "messages": [{"role": "user", "content": "What is the capital of France?"}]})
+            assert answer.status_code == 200, answer.text
+            assert "Paris" in answer.json()["choices"][0]["message"]["content"]
+        up.process.send_signal(signal.SIGTERM)
+        assert up.process.wait(timeout=60) == 0, up.output()
+        assert "Traceback" not in up.output()
     finally:
         up.cleanup()
 

@@ -2,9 +2,11 @@
 
 import json
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import httpx
+import msgspec
 import pytest
 import pytest_asyncio
 import redis.asyncio as aioredis
@@ -15,6 +17,7 @@ from tests.support import Api, RedisServer, Worker, as_input, collect, render, u
 pytestmark = pytest.mark.smollm2
 
 MODEL = "smollm2:135m-instruct"
+LOGPROB_TOLERANCE = 0.5  # nats: the 4-bit products move a value by up to about half this (README prompt)
 
 # the request of spec section 6.1, with the service's default model
 EXAMPLE: dict[str, Any] = {
@@ -130,3 +133,43 @@ async def test_the_6_5_weather_example_with_its_follow_up(smol: httpx.AsyncClien
     [message] = second["output"]
     assert message["type"] == "message" and message["content"][0]["text"].strip()
     assert second["usage"]["input_tokens"] > first["usage"]["input_tokens"]
+
+
+async def test_log_probabilities_of_the_readme_answer_are_the_float32_models(smol: httpx.AsyncClient,
+                                                                             redis: aioredis.Redis) -> None:
+    """The README prompt, greedy, with ``x-logprobs``: the worker decodes on 4-bit weights, so its values
+    are compared with the float32 model's log-softmax (transformers, dense weights, this process, from
+    the same context) within what the 4-bit products move them. Where the two nearly tie the worker
+    may choose the other token (a prompt cached by an earlier test ran through other products): the
+    context follows the worker's choice, which must be one of the float32 model's three likeliest."""
+    import llguidance
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from lmsp_core.requests.catalog import SMOLLM2
+    from lmsp_core.requests.chat import PromptRenderer
+    from lmsp_core.settings import load_settings
+    from lmsp_core.store import registry
+    from workers.model import loader
+
+    items = EXAMPLE["input"]
+    reply = await smol.post("/lmsp/v1/responses", json={"model": MODEL, "input": items, "max_output_tokens": 24,
+                                                         "extensions": {"x-logprobs": 3}})
+    assert reply.status_code == 200, reply.text
+    entries = reply.json()["output"][0]["content"][0]["logprobs"]
+    card = await registry.load_card(redis, MODEL)
+    assert card is not None and entries
+    vocabulary = llguidance.LLTokenizer(card.tokenizer_json)
+    context = PromptRenderer(card).prompt_ids(msgspec.convert({"model": MODEL, "input": items}, wire.ResponseRequest))
+    directory = loader.converted_gguf(SMOLLM2, Path(load_settings().model_cache))
+    model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32)
+    with torch.inference_mode():
+        for entry in entries:
+            expected = torch.log_softmax(model(torch.tensor([context])).logits[0, -1], dim=-1)
+            values, ids = expected.topk(3)
+            (token,) = vocabulary.tokenize_bytes(bytes(entry["bytes"]))
+            assert token in ids.tolist()
+            assert entry["logprob"] == pytest.approx(float(expected[token]), abs=LOGPROB_TOLERANCE)
+            assert [other["logprob"] for other in entry["top_logprobs"]] == pytest.approx(
+                values.tolist(), abs=LOGPROB_TOLERANCE)
+            context.append(token)

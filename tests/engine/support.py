@@ -8,6 +8,7 @@ import pytest
 
 from lmsp_core.settings import load_settings
 from workers.engine.core import Finish, Generation
+from workers.engine.sampling import Scores
 from workers.model import loader
 from workers.model.cpu import kernels
 
@@ -17,11 +18,13 @@ class Collector:
 
     def __init__(self) -> None:
         self.tokens: list[int] = []
+        self.scores: list[Scores | None] = []
         self.reason: Finish | None = None
         self.done = asyncio.Event()
 
-    def on_token(self, seq: Generation, token: int) -> None:
+    def on_token(self, seq: Generation, token: int, scores: Scores | None = None) -> None:
         self.tokens.append(token)
+        self.scores.append(scores)
 
     def on_finish(self, seq: Generation, reason: Finish, error: BaseException | None) -> None:
         self.reason = reason

@@ -14,7 +14,7 @@ from lmsp_core.requests.catalog import ModelSpec
 from lmsp_core.settings import load_settings
 from tests.engine.support import Collector
 from workers.engine.core import Engine, Finish, Generation
-from workers.engine.sampling import RowSampler, SamplingParams
+from workers.engine.sampling import RowSampler, SamplingParams, Scores
 from workers.model import loader
 from workers.model.cpu import kernels
 from workers.model.plan import StepPlan
@@ -97,8 +97,8 @@ class FailingAfter(Collector):
         super().__init__()
         self.n = n
 
-    def on_token(self, seq: Generation, token: int) -> None:
-        super().on_token(seq, token)
+    def on_token(self, seq: Generation, token: int, scores: Scores | None = None) -> None:
+        super().on_token(seq, token, scores)
         if len(self.tokens) == self.n:
             raise KeyError("gone")
 
@@ -478,3 +478,40 @@ async def test_steps_launched_ahead_give_the_tokens_of_steps_run_one_at_a_time(t
     assert fed[0] == []
     # ahead: most steps, of every row count; not the first, nor those after a sequence ended
     assert {5, 4, 3, 2, 1} <= set(fed[1]) and len(fed[1]) >= 30
+
+
+def reference_logprobs(model: loader.LoadedModel, context: list[int]) -> torch.Tensor:
+    """transformers' own log-softmax of the next token's logits after ``context``, float32."""
+    with torch.inference_mode():
+        logits = model.model(torch.tensor([context])).logits[0, -1].float()
+    return torch.log_softmax(logits, dim=-1)
+
+
+@pytest.mark.parametrize("launch_ahead", [False, True])
+async def test_log_probabilities_are_the_models_log_softmax(tiny: loader.LoadedModel, launch_ahead: bool) -> None:
+    """Beside a row that asks for none, a greedy row and a sampled one (top-p: the reported values
+    are the model's, before the sampling settings) report each chosen token's log-probability and
+    the five most likely tokens', as transformers computes them from the same context."""
+    prompts = [[1, 20, 30, 40], [2, 3, 5, 7, 11], [9, 8, 7]]
+    params = [SamplingParams(logprobs=5), SamplingParams(temperature=1.3, top_p=0.9, seed=3, logprobs=5),
+              SamplingParams()]
+    engine = Engine(tiny, launch_ahead=launch_ahead)
+    runner = asyncio.create_task(engine.run())
+    sinks = [Collector() for _ in prompts]
+    try:
+        for prompt, param, sink in zip(prompts, params, sinks, strict=True):
+            engine.submit(Generation(prompt, 6, RowSampler(param), [], sink))
+        await asyncio.wait_for(asyncio.gather(*(s.done.wait() for s in sinks)), 60)
+    finally:
+        runner.cancel()
+        engine.close()
+    assert sinks[2].scores == [None] * 6
+    for prompt, sink in zip(prompts[:2], sinks[:2], strict=True):
+        assert len(sink.scores) == len(sink.tokens) == 6
+        for index, (token, scores) in enumerate(zip(sink.tokens, sink.scores, strict=True)):
+            expected = reference_logprobs(tiny, prompt + sink.tokens[:index])
+            assert isinstance(scores, Scores) and len(scores.top) == 5
+            assert scores.logprob == pytest.approx(float(expected[token]), abs=1e-3)
+            values, ids = expected.topk(6)  # the sixth: where the fifth ties with it, either may be reported
+            assert [value for _, value in scores.top] == pytest.approx(values[:5].tolist(), abs=1e-3)
+            assert {other for other, _ in scores.top} == set(ids[:5].tolist()) or values[4] - values[5] < 2e-3

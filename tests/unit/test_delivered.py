@@ -10,6 +10,7 @@ from lmsp_core import wire
 from lmsp_core.store import eventlog
 from lmsp_core.store.delivered import DeliveredOutput
 from lmsp_core.store.eventlog import Event
+from workers.writer import joined
 
 RID = "resp_01J8M6Q4W2T7N5R3V9X1Z8B0DF"
 
@@ -71,3 +72,23 @@ def test_an_open_reasoning_item_and_nothing_at_all() -> None:
     assert builtins(fold.items()) == [{"type": "reasoning", "id": "rs_1", "summary": [], "status": "incomplete"}]
     fold.add(wire.REASONING_DELTA, wire.ReasoningSummaryTextDelta(response_id=RID, item_id="rs_1", delta="Hm"))
     assert builtins(fold.items())[0]["summary"] == [{"type": "summary_text", "text": "Hm"}]
+
+
+def test_log_probabilities_of_the_deltas_stay_with_their_message() -> None:
+    """A message's deltas' entries, stored and folded again, are its part's (and what a resumed run
+    starts from); a writer joining two deltas joins their entries."""
+    first, second = (wire.TokenLogprob(token=text, logprob=-1.0, bytes=list(text.encode()), top_logprobs=[])
+                     for text in ("Hel", "lo"))
+    hel = wire.OutputTextDelta(response_id=RID, item_id="msg_1", delta="Hel", logprobs=[first])
+    lo = wire.OutputTextDelta(response_id=RID, item_id="msg_1", delta="lo", logprobs=[second])
+    assert joined(hel, lo) == wire.OutputTextDelta(response_id=RID, item_id="msg_1", delta="Hello",
+                                                   logprobs=[first, second])
+    plain = wire.OutputTextDelta(response_id=RID, item_id="msg_1", delta="!")
+    assert joined(plain, plain).logprobs is msgspec.UNSET
+    log = [*events()[:-2], (wire.TEXT_DELTA, hel), (wire.TEXT_DELTA, lo)]
+    stored = [Event(i + 1, name, wire.encoder.encode(data)) for i, (name, data) in enumerate(log)]
+    folded = DeliveredOutput()
+    folded.add_stored(stored)
+    assert folded.logprobs("msg_1") == [first, second] and folded.logprobs("rs_1") == []
+    message = folded.items()[-1]
+    assert isinstance(message, wire.OutputMessage) and message.content[0].logprobs == [first, second]

@@ -234,3 +234,37 @@ def test_service_opened_section_is_part_of_the_prompt() -> None:
                             list[wire.InputItem])
     assert PromptRenderer(service_card).render(items) == PromptRenderer(card()).render(items) + "<think>\n"
     assert json.loads(json.dumps(service_card.prompt_suffix)) == "<think>\n"
+
+
+def entry(token: int) -> wire.TokenLogprob:
+    text = tokenizer().decode([token], skip_special_tokens=False)
+    return wire.TokenLogprob(token=text, logprob=-float(token), bytes=list(text.encode()), top_logprobs=[])
+
+
+@pytest.mark.parametrize(("reasoning", "text", "stops", "answer"), [
+    (MODEL, "<think>\nLet me see: 2+2 is 4.\n</think>\n\nIt is 4. STOP and more", ["STOP"], "It is 4. "),
+    (None, "Plain text with 😀 emoji END more", ["END"], "Plain text with 😀 emoji "),
+    (None, "Plain text with 😀 emoji", [], "Plain text with 😀 emoji"),
+])
+def test_log_probabilities_go_with_the_deltas_of_their_text(reasoning: ReasoningFormat | None, text: str,
+                                                            stops: list[str], answer: str) -> None:
+    """Each answer token's entry goes out once, in order, with the delta that carries (or completes)
+    its text; the reasoning section's tokens have none; the message's part holds them all."""
+    pipeline = OutputPipeline(tokenizer(), OutputAssembler("resp_x", "text", logprobs=True), reasoning, stops)
+    events = pipeline.start()
+    for token in encode(text):
+        if pipeline.stopped:
+            break
+        events += pipeline.push(token, entry(token))
+    items, closing = pipeline.finish()
+    events += closing
+    deltas = [data for name, data in events if name == wire.TEXT_DELTA]
+    sent = [item for delta in deltas for item in delta.logprobs or ()]
+    ids = [-int(item.logprob) for item in sent]
+    spelled = tokenizer().decode(ids)
+    assert "".join(delta.delta for delta in deltas) == answer
+    assert spelled.lstrip().startswith(answer) and "think" not in spelled  # the blank line after the section
+    tokens = encode(text)
+    assert any(tokens[start:start + len(ids)] == ids for start in range(len(tokens)))  # consecutive, once each
+    message = items[-1]
+    assert isinstance(message, wire.OutputMessage) and message.content[0].logprobs == sent

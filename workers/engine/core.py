@@ -95,7 +95,7 @@ class Engine:
                 if item.token is not None:
                     seq.generated.append(item.token)
                     try:
-                        seq.sink.on_token(seq, item.token)
+                        seq.sink.on_token(seq, item.token, item.scores)
                     except Exception as exc:  # one sequence's failure must not end the others'
                         logger.exception("a sequence's token handler failed; failing the sequence")
                         self.stop(seq, Finish.ERROR, exc)

@@ -4,7 +4,7 @@ from collections.abc import Sequence as Seq
 from enum import StrEnum
 from typing import Protocol
 
-from workers.engine.sampling import RowSampler
+from workers.engine.sampling import RowSampler, Scores
 
 
 class Finish(StrEnum):
@@ -20,7 +20,8 @@ class Finish(StrEnum):
 
 
 class Sink(Protocol):
-    def on_token(self, seq: "Generation", token: int) -> None: ...
+    def on_token(self, seq: "Generation", token: int, scores: Scores | None) -> None:
+        """A generated token, with its log-probabilities where the sampler asked for them."""
 
     def on_finish(self, seq: "Generation", reason: Finish, error: BaseException | None) -> None: ...
 

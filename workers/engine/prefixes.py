@@ -14,8 +14,9 @@ sequence starts from that slot's own prefix and would overwrite fewer than ``MIN
 tokens: the copy would cost more than computing those again, and it stalls every running stream
 (docs/performance.md, "Prompt prefixes kept in the slots").
 
-Prefixes are shared only within one scope (the task's owner): a first token that comes fast would
-otherwise tell anyone what another principal's prompt began with.
+Prefixes are shared only within one scope (the task's owner, and its prompt cache key where it has
+one): a first token that comes fast would otherwise tell anyone what another principal's prompt
+began with.
 """
 
 from collections.abc import Iterable

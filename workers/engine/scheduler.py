@@ -44,7 +44,7 @@ import torch
 from workers.engine.chunkprice import MAX_CHUNK, MIN_CHUNK, ChunkCost, chunk_budget
 from workers.engine.generation import Finish, Generation
 from workers.engine.prefixes import Prefixes
-from workers.engine.sampling import Chosen, TokenChooser
+from workers.engine.sampling import Chosen, Scores, TokenChooser
 from workers.model.plan import FED, Chunk, Feed, SlotModel, StepPlan
 
 logger = logging.getLogger(__name__)
@@ -65,6 +65,7 @@ class Produced(NamedTuple):
     token: int | None
     reason: Finish | None = None
     error: BaseException | None = None
+    scores: Scores | None = None  # the token's log-probabilities, where the sequence asked for them
 
 
 @dataclass(eq=False)
@@ -255,7 +256,8 @@ class Scheduler:
             run.filled = chunk.end
             if chunk.last and self._prefixes is not None:
                 self._prefixes.keep(run.slot, run.seq.prefix_scope, run.context)  # others may share it now
-        return [self._advance(run, token) for run, token in zip(launched.outputs, tokens, strict=True)
+        return [self._advance(run, token, scores)
+                for run, token, scores in zip(launched.outputs, tokens, launched.chosen.scores, strict=True)
                 if self._running.get(run.slot) is run]
 
     def _drop_stopped(self) -> None:
@@ -379,13 +381,13 @@ class Scheduler:
             self._chunk_cost.add(prompt_tokens, pairs, max(seconds - (self._decode_seconds or 0.0), 1e-6))
             self._last_chunked = max(prompt_tokens, MIN_CHUNK)
 
-    def _advance(self, run: _Running, token: int) -> Produced:
+    def _advance(self, run: _Running, token: int, scores: Scores | None) -> Produced:
         run.count += 1
         run.next_token = token
         reason = self._finish_reason(run, token)
         if reason is not None:
             self._free_slot(run)
-        return Produced(run.seq, token, reason)
+        return Produced(run.seq, token, reason, scores=scores)
 
     def _finish_reason(self, run: _Running, token: int) -> Finish | None:
         seq = run.seq

@@ -8,6 +8,8 @@
 - ``random-llama:<shape>``: random weights in a real model's shape (``LLAMA_SHAPES``) with the SmolLM2
   tokenizer (so its vocabulary: 49,152 rather than 128,256 rows of embeddings), built on the device
   in the spec's dtype; for measuring speed on real hardware without downloading weights.
+- ``gguf-file:<path>``: a GGUF file given by path (``lmsp up --model FILE.gguf``), converted as a
+  packaged one.
 - ``hf-dir:<path>``: a transformers model directory.
 """
 
@@ -26,7 +28,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, Llama
 from lmsp_core.requests.catalog import SMOLLM2, ModelSpec
 from lmsp_core.requests.chat import ModelCard
 from lmsp_core.requests.closing import closing_tokens
-from lmsp_core.requests.modelfiles import converted_dir, package_file
+from lmsp_core.requests.modelfiles import converted_dir, gguf_file
 from workers.model import precision
 from workers.model.cpu import kernels
 
@@ -97,7 +99,7 @@ def _load(spec: ModelSpec, cache_dir: Path) -> LoadedModel:
     device = pick_device(spec)
     dtype = pick_dtype(spec, device, cache_dir)
     kind, _, location = spec.source.partition(":")
-    if kind == "gguf-package":
+    if kind in ("gguf-package", "gguf-file"):
         path = converted_gguf(spec, cache_dir)
     elif kind == "hf-dir":
         path = Path(location)
@@ -154,11 +156,11 @@ def make_card(spec: ModelSpec, tokenizer: Any, eos_token_id: int | list[int] | N
 
 
 def converted_gguf(spec: ModelSpec, cache_dir: Path) -> Path:
-    """A safetensors copy of a packaged GGUF model, converted once (atomically) into the cache."""
+    """A safetensors copy of a GGUF model, converted once (atomically) into the cache."""
     target = converted_dir(spec, cache_dir)
     if (target / "model.safetensors").exists():
         return target
-    gguf = package_file(spec.source.partition(":")[2])
+    gguf = gguf_file(spec)
     logger.info("converting %s into %s (first start only)", gguf.name, target)
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     quantized = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)

@@ -12,6 +12,8 @@ import json
 from collections.abc import Sequence
 from typing import Any, Literal
 
+import msgspec
+
 from lmsp_core import wire
 from lmsp_core.requests.grammars import CALL_CLOSE, CALL_OPEN
 from lmsp_core.wire import ids
@@ -23,7 +25,9 @@ OutEvent = tuple[str, Any]  # an event's name and its wire Struct
 class OutputAssembler:
     """Builds the output items from decoded text; the events they cause wait in ``take()``."""
 
-    def __init__(self, response_id: str, mode: Mode, known: Sequence[wire.OutputItem] = ()) -> None:
+    def __init__(self, response_id: str, mode: Mode, known: Sequence[wire.OutputItem] = (),
+                 logprobs: bool = False) -> None:
+        """``logprobs``: the message's text part carries its tokens' log-probabilities (``add_logprobs``)."""
         self.response_id = response_id
         self._events: list[OutEvent] = []
         self.mode: Mode = mode
@@ -34,6 +38,7 @@ class OutputAssembler:
         self._reasoning: wire.OutputReasoning | None = None
         self._summary: list[str] = []
         self._pending = ""  # text not yet turned into events (an undecided prefix, an unfinished call)
+        self._logprobs: list[wire.TokenLogprob] | None = [] if logprobs else None  # the message's tokens'
 
     def take(self) -> list[OutEvent]:
         """The events caused since the last call, oldest first."""
@@ -67,6 +72,16 @@ class OutputAssembler:
                 return
         self._take_calls()
 
+    @property
+    def message_id(self) -> str | None:
+        """The open message's id (None while none is open)."""
+        return self._message.id if self._message is not None else None
+
+    def add_logprobs(self, entries: Sequence[wire.TokenLogprob]) -> None:
+        """Log-probabilities of the message's tokens, in order (those before a resume first)."""
+        if self._logprobs is not None:
+            self._logprobs += entries
+
     def open_reasoning(self) -> None:
         item_id, _ = self._next_id(ids.REASONING)
         self._reasoning = wire.OutputReasoning(id=item_id)
@@ -95,7 +110,9 @@ class OutputAssembler:
         """Close the open items; an unfinished call (the token budget ran out) is dropped."""
         self.close_reasoning()
         if self._message is not None:
-            item = wire.OutputMessage(id=self._message.id, content=[wire.OutputTextPart(text="".join(self._text))])
+            part = wire.OutputTextPart(text="".join(self._text),
+                                       logprobs=self._logprobs if self._logprobs is not None else msgspec.UNSET)
+            item = wire.OutputMessage(id=self._message.id, content=[part])
             self.items[-1] = item
             self.emit(wire.ITEM_DONE, wire.OutputItemDone(response_id=self.response_id,
                                                           output_index=len(self.items) - 1, item=item))

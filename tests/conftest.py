@@ -13,6 +13,7 @@ from typing import Any
 
 import httpx
 import msgspec
+import openai
 import pytest
 import pytest_asyncio
 import redis.asyncio as aioredis
@@ -148,6 +149,16 @@ async def secure(secure_api: Api, tiny_worker: Worker) -> AsyncIterator[httpx.As
 async def client(api: Api, tiny_worker: Worker) -> AsyncIterator[httpx.AsyncClient]:
     async with httpx.AsyncClient(base_url=api.url, timeout=60) as http:
         yield http
+
+
+@pytest_asyncio.fixture
+async def sdk(api: Api, tiny_worker: Worker) -> AsyncIterator[openai.AsyncOpenAI]:
+    """The official ``openai`` client of ``api``'s ``/v1`` routes."""
+    client = openai.AsyncOpenAI(base_url=f"{api.url}/v1", api_key="unused", max_retries=0, timeout=120)
+    try:
+        yield client
+    finally:
+        await client.close()
 
 
 @pytest_asyncio.fixture

@@ -68,7 +68,18 @@ class ResponsesStreamOptions(_Body, frozen=True, kw_only=True):
     include_obfuscation: bool | None = None
 
 
-class ResponsesRequest(_Body, frozen=True, kw_only=True):
+class ClientOptions(_Body, frozen=True, kw_only=True):
+    """What both routes take and keep with the task (``translation.with_client_options``)."""
+
+    parallel_tool_calls: bool | None = None
+    metadata: Metadata | None = None
+    user: str | None = None
+    safety_identifier: str | None = None
+    prompt_cache_key: str | None = None
+    service_tier: ServiceTier | None = None
+
+
+class ResponsesRequest(ClientOptions, frozen=True, kw_only=True):
     """Body of ``POST /v1/responses``."""
 
     model: Model
@@ -85,12 +96,6 @@ class ResponsesRequest(_Body, frozen=True, kw_only=True):
     max_output_tokens: Tokens | None = None
     temperature: Temperature | None = None
     top_p: TopP | None = None
-    parallel_tool_calls: bool | None = None
-    metadata: Metadata | None = None
-    user: str | None = None
-    safety_identifier: str | None = None
-    prompt_cache_key: str | None = None
-    service_tier: ServiceTier | None = None
     # accepted only with the value that means what the service does
     truncation: Literal["auto", "disabled"] | None = None
     include: list[str] | None = None
@@ -136,7 +141,7 @@ class ChatStreamOptions(_Body, frozen=True, kw_only=True):
     include_obfuscation: bool | None = None
 
 
-class ChatRequest(_Body, frozen=True, kw_only=True):
+class ChatRequest(ClientOptions, frozen=True, kw_only=True):
     """Body of ``POST /v1/chat/completions``."""
 
     model: Model
@@ -152,12 +157,6 @@ class ChatRequest(_Body, frozen=True, kw_only=True):
     tools: list[ChatTool] | None = None
     tool_choice: Literal["auto", "none", "required"] | ChatNamedTool | None = None
     response_format: TextFormat | JsonObjectFormat | ChatJsonSchemaFormat | None = None
-    parallel_tool_calls: bool | None = None
-    metadata: Metadata | None = None
-    user: str | None = None
-    safety_identifier: str | None = None
-    prompt_cache_key: str | None = None
-    service_tier: ServiceTier | None = None
     # accepted only with the value that means what the service does
     n: int | None = None
     logprobs: bool | None = None

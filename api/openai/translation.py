@@ -184,10 +184,7 @@ def tier_of(request: wire.ResponseRequest) -> Literal["default", "flex", "priori
 # --- what both routes take: parameters kept with the task, and their limits ------------------------------
 
 
-ClientBody = oa.ResponsesRequest | oa.ChatRequest
-
-
-def with_client_options(extensions: dict[str, Any] | None, body: ClientBody) -> dict[str, Any] | None:
+def with_client_options(extensions: dict[str, Any] | None, body: oa.ClientOptions) -> dict[str, Any] | None:
     """``extensions`` with what the body's shared parameters ask for: the function calls in one answer,
     metadata, prompt_cache_key and service_tier as extensions (the worker and the LMSP routes see them),
     ``user`` and ``safety_identifier`` in ``x-openai`` (only echoed: nothing else reads them)."""
@@ -203,7 +200,7 @@ def with_client_options(extensions: dict[str, Any] | None, body: ClientBody) -> 
     return result or None
 
 
-def _check_limits(body: ClientBody) -> None:
+def _check_limits(body: oa.ClientOptions) -> None:
     """OpenAI's limits, with OpenAI's codes (``object_above_max_properties``, ``string_above_max_length``)."""
     metadata = body.metadata or {}
     if len(metadata) > ext.MAX_METADATA_PAIRS:

@@ -2,7 +2,6 @@
 and not) and with the LMSP extension ``x-logprobs``: the values are the model's own log-softmax, as
 transformers computes it from the same context in this process."""
 
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -10,7 +9,6 @@ import httpx
 import msgspec
 import openai
 import pytest
-import pytest_asyncio
 import redis.asyncio as aioredis
 import torch
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
@@ -21,22 +19,13 @@ from lmsp_core.requests.catalog import TINY_RANDOM
 from lmsp_core.requests.chat import PromptRenderer
 from lmsp_core.settings import load_settings
 from lmsp_core.store import registry
-from tests.support import Api, Worker, user_input
+from tests.support import user_input
 from workers.model import loader
 
 MODEL = "tiny-random"
 PROMPT = "Name three colours."
 TOKENS = 8
 INCLUDE = ["message.output_text.logprobs"]
-
-
-@pytest_asyncio.fixture
-async def sdk(api: Api, tiny_worker: Worker) -> AsyncIterator[openai.AsyncOpenAI]:
-    client = openai.AsyncOpenAI(base_url=f"{api.url}/v1", api_key="unused", max_retries=0, timeout=120)
-    try:
-        yield client
-    finally:
-        await client.close()
 
 
 def check_entries(entries: list[Any], text: str, top: int) -> None:

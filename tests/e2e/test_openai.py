@@ -9,7 +9,6 @@ models, so a field we forget or mistype fails here rather than in someone's appl
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
 from typing import Any, Literal
 
 import httpx
@@ -17,7 +16,6 @@ import jsonschema
 import openai
 import pydantic
 import pytest
-import pytest_asyncio
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from openai.types.responses import Response, ResponseStreamEvent
 
@@ -36,15 +34,6 @@ CHAT_TOOL = {"type": "function", "function": {"name": "get_weather", "descriptio
 class Forecast(pydantic.BaseModel):
     city: Literal["Paris", "Lima"]
     sunny: bool
-
-
-@pytest_asyncio.fixture
-async def sdk(api: Api, tiny_worker: Worker) -> AsyncIterator[openai.AsyncOpenAI]:
-    client = openai.AsyncOpenAI(base_url=f"{api.url}/v1", api_key="unused", max_retries=0, timeout=120)
-    try:
-        yield client
-    finally:
-        await client.close()
 
 
 def strict(response: Response) -> Response:

@@ -9,14 +9,12 @@ import asyncio
 import json
 import secrets
 import time
-from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
 import openai
 import pydantic
 import pytest
-import pytest_asyncio
 import redis.asyncio as aioredis
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from openai.types.responses import Response, ResponseItem
@@ -34,15 +32,6 @@ CHAT_TOOL = {"type": "function", "function": {"name": "get_weather", "descriptio
                                               "parameters": WEATHER}}
 TWO_CITIES = "What is the weather in Paris and in Lima?"
 LONG_PROMPT = "Tell me everything you know about the weather of Paris and of Lima, in detail, please."
-
-
-@pytest_asyncio.fixture
-async def sdk(api: Api, tiny_worker: Worker) -> AsyncIterator[openai.AsyncOpenAI]:
-    client = openai.AsyncOpenAI(base_url=f"{api.url}/v1", api_key="unused", max_retries=0, timeout=120)
-    try:
-        yield client
-    finally:
-        await client.close()
 
 
 def strict(response: Response) -> Response:

@@ -23,7 +23,7 @@ def _model_flags() -> argparse.ArgumentParser:
                             "Hugging Face cache (downloaded unless HF_HUB_OFFLINE=1); repeatable")
     flags.add_argument("--model-id", "--served-model-name", dest="model_id", metavar="ID",
                        help="the id requests name the model by (default: the directory's name, the file's "
-                            "name without .gguf, NAME of hf:ORG/NAME)")
+                            "name without .gguf, ORG/NAME of hf:ORG/NAME)")
     flags.add_argument("--context-window", type=int, metavar="TOKENS",
                        help="default: the model's (config.json, GGUF metadata)")
     flags.add_argument("--max-batch-size", type=int, metavar="N", help="sequences that run at once (KV slots)")

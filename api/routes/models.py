@@ -35,9 +35,10 @@ class ModelsController(Controller):
         workers = await registry.live_workers(services.redis)
         return wire.ModelList(data=[model_object(spec, workers) for spec in services.catalog])
 
-    @get("/{model_id:str}", summary="Get a model", description="One model of the catalog.",
+    # a path, not one segment: ids may have a slash (ORG/NAME, as Hugging Face names models)
+    @get("/{model_id:path}", summary="Get a model", description="One model of the catalog.",
          responses={200: doc.ok(wire.ModelObject, "The model", doc.example("A model", doc.MODEL_OBJECT)),
                     **doc.problems("invalid_request", "model_not_found", "service_unavailable", *doc.GUARDED)})
     async def get_model(self, services: Services, model_id: str) -> wire.ModelObject:
-        spec = services.catalog.get(model_id)
+        spec = services.catalog.get(model_id.removeprefix("/"))
         return model_object(spec, await registry.live_workers(services.redis))

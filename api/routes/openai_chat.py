@@ -89,13 +89,14 @@ class OpenAIModelsController(Controller):
         models = ModelList(data=[Model(id=spec.id) for spec in services.catalog])
         return Response(content=wire.encoder.encode(models), media_type="application/json")
 
-    @get("/{model:str}", summary="Retrieve a model (OpenAI)", description="OpenAI's `models.retrieve`.",
+    @get("/{model:path}", summary="Retrieve a model (OpenAI)", description="OpenAI's `models.retrieve` (an id may "
+         "have a slash: `ORG/NAME`).",
          after_request=errors_only,
          responses={200: docs.ok(Model, "The model", docs.MODELS.data[0]),
                     **docs.errors(*docs.COMMON_ERRORS, "model_not_found")})
     async def retrieve_model(self, model: str, services: Services) -> Response[Any]:
         try:
-            spec = services.catalog.get(model)
+            spec = services.catalog.get(model.removeprefix("/"))
         except LmspError as exc:
             raise with_param(exc, {"model_not_found": "model"}) from None
         return Response(content=wire.encoder.encode(Model(id=spec.id)), media_type="application/json")

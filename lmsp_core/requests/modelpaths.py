@@ -5,8 +5,8 @@ A reference is a catalog id, a transformers model directory (config.json, a toke
 weights), a GGUF file, or ``hf:ORG/NAME[@REVISION]``: a snapshot in huggingface_hub's cache, which
 huggingface_hub downloads first unless ``HF_HUB_OFFLINE=1`` (``HF_TOKEN``, ``HF_HOME`` and
 ``HF_HUB_CACHE`` are its own). What the spec says comes from the model's files: its id is the
-directory's name, the file's stem or ``NAME`` (no slash: the routes that get a model take an id as
-one path segment); its context window config.json's ``max_position_embeddings`` or the GGUF's
+directory's name, the file's stem or ``ORG/NAME`` (as vLLM serves it, so clients written for that
+name work unchanged); its context window config.json's ``max_position_embeddings`` or the GGUF's
 ``<architecture>.context_length``; a chat template that closes a ``<think>`` section, with both
 markers single tokens of the vocabulary, makes it a reasoning model. Command-line flags
 (``Overrides``) win over the files. The command line hands the specs to the API and the workers in
@@ -96,7 +96,7 @@ def resolve(reference: str, catalog: Catalog, overrides: Overrides, cache_dir: P
     if reference.startswith(HF_PREFIX):
         name = reference.removeprefix(HF_PREFIX)
         snapshot = hub_snapshot(name, weights)
-        return from_path(snapshot, overrides, cache_dir, weights, default_id=name.partition("@")[0].rpartition("/")[2])
+        return from_path(snapshot, overrides, cache_dir, weights, default_id=name.partition("@")[0])
     path = Path(os.path.abspath(os.path.expanduser(reference)))
     if not path.exists():
         raise ModelRefError(f"{reference}: no such file or directory, and no model of the catalog has this id "

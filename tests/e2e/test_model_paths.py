@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import httpx
+import openai
 import pytest
 import pytest_asyncio
 
@@ -54,16 +55,25 @@ async def hub_model(redis_server: RedisServer, hub: dict[str, str]) -> AsyncIter
 
 
 async def test_a_model_from_the_hugging_face_cache_serves_under_its_name(hub_model: str) -> None:
+    """Served as ``ORG/NAME``, as vLLM serves it: the model routes take the slash, the openai client too."""
     async with httpx.AsyncClient(base_url=hub_model, timeout=60) as client:
-        model = (await client.get("/lmsp/v1/models/tiny-chat")).json()
-        assert (model["status"], model["context_window"], model["max_output_tokens"]) == ("available", 512, 256)
-        response = await client.post("/lmsp/v1/responses", json=body("tiny-chat", max_output_tokens=4))
+        model = (await client.get(f"/lmsp/v1/models/{REPO}")).json()
+        assert (model["id"], model["status"], model["context_window"], model["max_output_tokens"]) == (
+            REPO, "available", 512, 256)
+        response = await client.post("/lmsp/v1/responses", json=body(REPO, max_output_tokens=4))
         assert response.status_code == 200, response.text
         assert response.json()["usage"]["output_tokens"] == 4
         # what the API counted from the tokenizer it read is what the worker was given
         chat = await client.post("/v1/chat/completions", json={
-            "model": "tiny-chat", "max_tokens": 4, "messages": [{"role": "user", "content": "Hello there"}]})
+            "model": REPO, "max_tokens": 4, "messages": [{"role": "user", "content": "Hello there"}]})
         assert chat.json()["usage"]["prompt_tokens"] == response.json()["usage"]["input_tokens"]
+        missing = await client.get("/v1/models/test-org/none")
+        assert missing.status_code == 404 and missing.json()["error"]["code"] == "model_not_found"
+    sdk = openai.AsyncOpenAI(base_url=f"{hub_model}/v1", api_key="unused", max_retries=0)
+    try:
+        assert (await sdk.models.retrieve(REPO)).id == REPO
+    finally:
+        await sdk.close()
 
 
 @pytest.fixture(scope="module")

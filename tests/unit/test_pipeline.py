@@ -268,3 +268,26 @@ def test_log_probabilities_go_with_the_deltas_of_their_text(reasoning: Reasoning
     assert any(tokens[start:start + len(ids)] == ids for start in range(len(tokens)))  # consecutive, once each
     message = items[-1]
     assert isinstance(message, wire.OutputMessage) and message.content[0].logprobs == sent
+
+
+def test_a_resumed_run_gives_the_entries_the_whole_run_gives_after_its_cut() -> None:
+    """Replaying stored tokens (no entries: theirs are stored) through the section's end, then going on
+    with entries, sends those of the whole run's tokens after the cut."""
+    tokens = encode("<think>\nLet me see: 2+2 is 4.\n</think>\n\nIt is 4. STOP and more")
+
+    def sent(replayed: int) -> list[int]:
+        """The positions of the tokens whose entries the deltas carried (an entry's value: -position)."""
+        pipeline = OutputPipeline(tokenizer(), OutputAssembler("resp_x", "text", logprobs=True), MODEL, ["STOP"])
+        pipeline.replay(tokens[:replayed])
+        events = []
+        for position in range(replayed, len(tokens)):
+            if pipeline.stopped:
+                break
+            events += pipeline.push(tokens[position], msgspec.structs.replace(entry(tokens[position]),
+                                                                              logprob=-float(position)))
+        events += pipeline.finish()[1]
+        return [-int(item.logprob) for name, data in events if name == wire.TEXT_DELTA for item in data.logprobs or ()]
+
+    whole = sent(0)
+    for cut in range(1, len(tokens)):
+        assert sent(cut) == [position for position in whole if position >= cut], f"resumed after token {cut}"

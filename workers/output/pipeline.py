@@ -63,10 +63,11 @@ class OutputPipeline:
             self.assembler.feed(self._text.push(token))
         else:
             self._apply(self._parser.feed(self._text.push(token)))
+        closing, self._closing = self._closing, False
         if logprob is None:
             return self.assembler.take()
-        if self._closing:  # the section's tokens, its end marker's included, have no entries
-            self._closing, self._logprobs = False, []
+        if closing:  # the section's tokens, its end marker's included, have no entries
+            self._logprobs = []
             return self.assembler.take()
         self._logprobs.append(logprob)
         return self._with_logprobs(self.assembler.take())

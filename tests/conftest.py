@@ -27,6 +27,7 @@ from tests.support import (
     RedisServer,
     TokenFactory,
     Worker,
+    running,
     tiny_spec,
 )
 
@@ -72,23 +73,15 @@ def redis_server() -> Iterator[RedisServer]:
 
 @pytest_asyncio.fixture(scope="session")
 async def tiny_worker(redis_server: RedisServer, models_file: str) -> AsyncIterator[Worker]:
-    worker = Worker(redis_server.url, ["tiny-random"], models_file=models_file)
-    worker.start()
-    try:
-        yield await worker.ready()
-    finally:
-        worker.stop()
+    async with running(Worker(redis_server.url, ["tiny-random"], models_file=models_file)) as worker:
+        yield worker
 
 
 @pytest_asyncio.fixture(scope="session")
 async def variant_worker(redis_server: RedisServer, models_file: str) -> AsyncIterator[Worker]:
     """One more worker, started by the first test that needs it, for the test-only model variants."""
-    worker = Worker(redis_server.url, ["tiny-reasoning", "tiny-serial"], models_file=models_file)
-    worker.start()
-    try:
-        yield await worker.ready()
-    finally:
-        worker.stop()
+    async with running(Worker(redis_server.url, ["tiny-reasoning", "tiny-serial"], models_file=models_file)) as worker:
+        yield worker
 
 
 @pytest_asyncio.fixture(scope="session")
@@ -96,22 +89,16 @@ async def eager_worker(redis_server: RedisServer, models_file: str) -> AsyncIter
     """A worker that appends its tasks' events after every step (``LMSP_EVENT_FLUSH_INTERVAL=0``):
     streams of many small events, whatever the model's speed."""
     worker = Worker(redis_server.url, ["tiny-eager"], models_file=models_file, event_flush_interval=0)
-    worker.start()
-    try:
-        yield await worker.ready()
-    finally:
-        worker.stop()
+    async with running(worker):
+        yield worker
 
 
 @pytest_asyncio.fixture(scope="session")
 async def patient_worker(redis_server: RedisServer, models_file: str) -> AsyncIterator[Worker]:
     """A worker that appends its tasks' events every 3 s (``LMSP_EVENT_FLUSH_INTERVAL=3``)."""
     worker = Worker(redis_server.url, ["tiny-patient"], models_file=models_file, event_flush_interval=3)
-    worker.start()
-    try:
-        yield await worker.ready()
-    finally:
-        worker.stop()
+    async with running(worker):
+        yield worker
 
 
 @pytest.fixture(scope="session")

@@ -6,6 +6,7 @@ Test files import from here (or from ``tests/engine/support.py``, ``tests/unit/t
 ``tests/faults.py``, ``tests/proxy.py``, ``tests/replication.py``), never from one another."""
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -274,6 +275,16 @@ def tiny_spec(model_id: str, **fields: Any) -> dict[str, Any]:
     uncompiled as every test model: the same tokens on any CPU, and no wait for a compiler."""
     return {"id": model_id, "source": "tiny-random", "context_window": 2048, "max_output_tokens": 1024,
             "capabilities": ["streaming"], "dtype": "float32", "compile": False} | fields
+
+
+@contextlib.asynccontextmanager
+async def running(worker: "Worker") -> AsyncIterator["Worker"]:
+    """The worker started and ready; stopped on the way out."""
+    worker.start()
+    try:
+        yield await worker.ready()
+    finally:
+        worker.stop()
 
 
 def user_input(text: str) -> list[dict[str, Any]]:

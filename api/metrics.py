@@ -5,6 +5,9 @@ process reports the same values for them and one scrape sees the whole service (
 ``lmsp_core.store.metrics`` for how workers add theirs). Only ``lmsp_open_streams`` belongs to the
 process that answers the scrape. With several API replicas, scrape any one for the service-wide
 series, or aggregate them with ``max``; sum ``lmsp_open_streams`` over replicas.
+
+Per-principal series (``lmsp_principal_*``, and ``principals`` of ``/status``) are capped per model:
+see ``principal_rows``.
 """
 
 import asyncio
@@ -18,9 +21,13 @@ from prometheus_client.registry import Collector
 from redis.asyncio import Redis
 
 from lmsp_core.requests.catalog import Catalog
-from lmsp_core.store import keys, metrics, registry
+from lmsp_core.settings import Settings
+from lmsp_core.store import keys, metrics, principals, registry
+from lmsp_core.store.fairqueue import FairQueue, Share
 
 PREFIX = "lmsp_"
+# the principals of a model beyond the cap, summed into one row ('~' never occurs in a principal's name)
+OTHER = "~other"
 
 
 class ModelState(msgspec.Struct, frozen=True, kw_only=True):
@@ -41,14 +48,33 @@ class WorkerState(msgspec.Struct, frozen=True, kw_only=True):
     started_at: int
 
 
+class PrincipalState(msgspec.Struct, frozen=True, kw_only=True):
+    """One principal's part of one model: its tasks waiting and running in the fair queue, the tokens
+    generated for it so far, and its settings (``lmsp principal set``). The row ``~other`` sums the
+    principals beyond the cap (``principal_rows``): its weight is the sum of their weights, and it
+    has no quotas."""
+
+    model: str
+    principal: str
+    queued: int
+    running: int
+    generated_tokens: int
+    weight: float
+    max_running: int | None
+    max_queued: int | None
+
+
 class ServiceState(msgspec.Struct, frozen=True, kw_only=True):
     """``GET /status``: the queue and the workers, as the playground shows them."""
 
     models: list[ModelState]
     workers: list[WorkerState]
+    principals: list[PrincipalState]
 
 
-async def service_state(redis: Redis, catalog: Catalog) -> ServiceState:
+async def service_state(redis: Redis, catalog: Catalog, settings: Settings,
+                        stored: dict[metrics.Field, float] | None = None) -> ServiceState:
+    """The service's state; ``stored``: the metrics hash when the caller has read it already."""
     workers = await registry.live_workers(redis)
     serving = registry.ready_per_model(workers)
     warming = registry.warming_per_model(workers)
@@ -60,6 +86,11 @@ async def service_state(redis: Redis, catalog: Catalog) -> ServiceState:
         for spec in models:
             pipe.zcard(keys.queue(spec.id))
         depths = await pipe.execute()
+    if stored is None:
+        stored = await metrics.load(redis)
+    shares = await FairQueue(redis).shares([spec.id for spec in models]) if settings.fair_share else {}
+    rows = principal_rows(shares, _principal_tokens(stored), await principals.load(redis),
+                          settings.metrics_principals)
     # an arq job stays in its queue until it finishes: the waiting ones are those not running
     return ServiceState(
         models=[ModelState(id=spec.id, status="available" if serving[spec.id] else
@@ -69,7 +100,66 @@ async def service_state(redis: Redis, catalog: Catalog) -> ServiceState:
         workers=[WorkerState(id=info.id, host=info.host, device=info.device, models=info.models, state=info.state,
                              running=sum(info.running.values()), started_at=int(info.started_at))
                  for info in workers],
+        principals=rows,
     )
+
+
+def _principal_tokens(stored: dict[metrics.Field, float]) -> dict[str, dict[str, int]]:
+    """Per model and principal, the ``PRINCIPAL_TOKENS`` counter of the metrics hash."""
+    tokens: defaultdict[str, dict[str, int]] = defaultdict(dict)
+    for fields, value in stored.items():
+        if fields[0] == metrics.PRINCIPAL_TOKENS.name and len(fields) == 4 and value > 0:
+            tokens[fields[1]][fields[2]] = int(value)
+    return tokens
+
+
+def principal_rows(shares: dict[str, list[Share]], tokens: dict[str, dict[str, int]],
+                   table: dict[str, principals.PrincipalSettings], cap: int) -> list[PrincipalState]:
+    """The per-principal rows of ``/status`` and series of ``/metrics``, at most ``cap`` named
+    principals per model (``LMSP_METRICS_PRINCIPALS``) and one ``~other`` row.
+
+    A model's principals are those with tasks queued or running (its fair queue; with
+    ``LMSP_FAIR_SHARE`` off nothing is counted there) or with tokens generated. They are ranked by
+    running + queued tasks, then generated tokens, both descending, then by name; the first ``cap``
+    keep their own row and the rest are summed into one row, ``principal="~other"`` (present only
+    when there is a rest). So the principals loading a model now are named first, then the heaviest
+    users so far.
+
+    Cardinality: principal names come only from the bearer tokens an operator created (``lmsp
+    token``), or are the single ``local`` of ``LMSP_AUTH=none``, never from request bodies; that is
+    the first bound. The cap is the second: at most ``cap + 1`` principals per model, whatever the
+    number of tokens. The price of the cap: a principal's counter series (generated tokens) exists
+    only while it ranks in the first ``cap``; when it drops out, its series ends and ``~other``
+    jumps by its total, and when it comes back ``~other`` falls by it (a counter reset to
+    Prometheus). ``rate()`` of those series is wrong around such a move; their sum per model is
+    not. Raise ``LMSP_METRICS_PRINCIPALS`` above the number of principals for exact series.
+
+    Rows are sorted by model, then running + queued descending, then name.
+    """
+    rows: list[PrincipalState] = []
+    for model in sorted(set(shares) | set(tokens)):
+        now = {share.principal: share for share in shares.get(model, [])}
+        made = tokens.get(model, {})
+        every = [_row(model, name, now.get(name), made.get(name, 0), table.get(name, principals.DEFAULT))
+                 for name in set(now) | set(made)]
+        every.sort(key=lambda row: (-(row.running + row.queued), -row.generated_tokens, row.principal))
+        kept, rest = every[:cap], every[cap:]
+        if rest:
+            kept.append(PrincipalState(
+                model=model, principal=OTHER, queued=sum(row.queued for row in rest),
+                running=sum(row.running for row in rest),
+                generated_tokens=sum(row.generated_tokens for row in rest),
+                weight=sum(row.weight for row in rest), max_running=None, max_queued=None))
+        rows.extend(sorted(kept, key=lambda row: (-(row.running + row.queued), row.principal)))
+    return rows
+
+
+def _row(model: str, name: str, share: Share | None, tokens: int,
+         settings: principals.PrincipalSettings) -> PrincipalState:
+    return PrincipalState(model=model, principal=name, queued=share.queued if share else 0,
+                          running=share.running if share else 0, generated_tokens=tokens,
+                          weight=settings.weight, max_running=settings.max_running,
+                          max_queued=settings.max_queued)
 
 
 class _Snapshot(Collector):
@@ -91,9 +181,9 @@ class ApiMetrics:
         self.registry.register(self._snapshot)
         self._lock = asyncio.Lock()
 
-    async def render(self, redis: Redis, catalog: Catalog) -> bytes:
-        state = await service_state(redis, catalog)
+    async def render(self, redis: Redis, catalog: Catalog, settings: Settings) -> bytes:
         stored = await metrics.load(redis)
+        state = await service_state(redis, catalog, settings, stored)
         async with self._lock:
             self._snapshot.families = [*_state_families(state), *_stored_families(stored)]
             return generate_latest(self.registry)
@@ -110,12 +200,28 @@ def _state_families(state: ServiceState) -> list[Metric]:
         workers.add_metric([model.id], model.workers)
     alive = GaugeMetricFamily(PREFIX + "workers_alive", "Worker processes with a live heartbeat.",
                               value=len(state.workers))
-    return [depth, tasks, workers, alive]
+    return [depth, tasks, workers, alive, *_principal_families(state.principals)]
+
+
+def _principal_families(rows: list[PrincipalState]) -> list[Metric]:
+    """The capped per-principal series (``principal_rows``), in place of the raw counter."""
+    capped = f"the {OTHER} series sums the principals beyond a model's first LMSP_METRICS_PRINCIPALS."
+    tasks = GaugeMetricFamily(PREFIX + "principal_tasks", "A principal's tasks in a model's fair queue, by status "
+                              f"(queued, running); {capped}", labels=["model", "principal", "status"])
+    tokens = CounterMetricFamily(PREFIX + metrics.PRINCIPAL_TOKENS.name, "Tokens generated for a principal's "
+                                 f"tasks; {capped}", labels=list(metrics.PRINCIPAL_TOKENS.labels))
+    for row in rows:
+        tasks.add_metric([row.model, row.principal, "queued"], row.queued)
+        tasks.add_metric([row.model, row.principal, "running"], row.running)
+        tokens.add_metric([row.model, row.principal], row.generated_tokens)
+    return [tasks, tokens]
 
 
 def _stored_families(stored: dict[metrics.Field, float]) -> list[Metric]:
     families: list[Metric] = []
     for counter in metrics.COUNTERS:
+        if counter is metrics.PRINCIPAL_TOKENS:
+            continue  # one series per principal: capped, from the service state (_principal_families)
         family = CounterMetricFamily(PREFIX + counter.name, counter.help, labels=list(counter.labels))
         for fields, value in sorted(stored.items()):
             if fields[0] == counter.name and len(fields) == len(counter.labels) + 2:

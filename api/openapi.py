@@ -143,6 +143,8 @@ _PROBLEMS: dict[str, tuple[int, str, str]] = {
     "rate_limited": (429, "Too Many Requests", "Too many requests; retry after the time in Retry-After."),
     "too_many_streams": (429, "Too Many Requests", "This principal already has 32 open streams; close one or retry "
                                                    "later."),
+    "queue_quota_exceeded": (429, "Too Many Requests", f"Principal 'acme' already has 1000 tasks waiting for model "
+                                                       f"{MODEL!r} (its max_queued); retry once some have started."),
 }
 # what the LMSP request body's types alone do not say (api.bodies)
 BODIES: dict[type, StructDoc] = {

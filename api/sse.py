@@ -51,7 +51,8 @@ def frames(events: list[Event]) -> bytes:
 
 
 async def queued_notice(services: Services, record: TaskRecord, kind: QueueNotices) -> bytes | None:
-    position = await queue.queue_position(services.redis, record.id, record.model, record.job)
+    position = await queue.queue_position(services.redis, record.id, record.model, record.job,
+                                          fair=services.settings.fair_share)
     if position is None:
         return None
     if kind == QUEUE_COMMENTS:

@@ -21,14 +21,15 @@ from lmsp_core.requests import extensions, grammars
 from lmsp_core.requests.catalog import ModelSpec
 from lmsp_core.requests.closing import GrammarTokenizer, output_tokens_needed, reasoning_closing_ids
 from lmsp_core.requests.validation import check_limits, check_output_room, check_request, output_budget
-from lmsp_core.store import connections, conversations, metrics, queue, registry
+from lmsp_core.store import connections, conversations, fairqueue, metrics, principals, queue, registry
 from lmsp_core.store.conversations import StoredResponse
 from lmsp_core.store.eventstore import pack_tokens
 from lmsp_core.store.tasks import Kind, TaskRecord
 from lmsp_core.wire import ids
-from lmsp_core.wire.errors import ServiceUnavailable
+from lmsp_core.wire.errors import ServiceUnavailable, TooManyRequests
 
 BUSY_RETRY_AFTER = 5
+QUOTA_RETRY_AFTER = 5
 
 
 class Submission(NamedTuple):
@@ -54,6 +55,7 @@ async def submit(services: Services, request: wire.ResponseRequest, *, kind: Kin
         context=None if items is None else wire.encoder.encode(items),
         prompt=None if rendered is None else pack_tokens(rendered.token_ids),
         prompt_card=None if rendered is None else rendered.card_digest, metadata=_metadata(request),
+        cost=_cost(request, spec, rendered),
     )
     await services.store.create(record)
     if idempotency_key:
@@ -68,13 +70,15 @@ async def submit(services: Services, request: wire.ResponseRequest, *, kind: Kin
             return Submission(await _earlier(services, winner), True)
     priority = extensions.priority(request, direct=kind == "direct")
     try:
+        fair = await _ticket(services, record)
         if request.store and spec.has("conversations"):
             await services.conversations.store(record, request, chain)
-        await queue.enqueue(services.redis, record.id, spec.id,
-                            queued_at=queue.score(record.created_at, priority, services.settings.priority_step))
+        place = queue.score(record.created_at, priority, services.settings.priority_step)
+        if not await queue.enqueue(services.redis, record.id, spec.id, place, fair=fair):
+            raise _over_quota(record, fair)
         # acknowledged once a replica holds it too (or the wait timed out): a failover then keeps it
         await connections.replicated(services.redis, services.replicas)
-    except RedisError:
+    except (RedisError, TooManyRequests):
         await _forget(services, record)
         if idempotency_key:
             with contextlib.suppress(RedisError):
@@ -83,6 +87,28 @@ async def submit(services: Services, request: wire.ResponseRequest, *, kind: Kin
     with contextlib.suppress(RedisError):  # the task is queued; a lost count is not worth an error
         await metrics.add_now(services.redis, metrics.CREATED, (spec.id, kind))
     return Submission(record, False)
+
+
+async def _ticket(services: Services, record: TaskRecord) -> tuple[fairqueue.FairQueue, queue.Ticket] | None:
+    """The job's ticket for the fair queue, with its principal's quota (None: fair share is off)."""
+    if not services.settings.fair_share:
+        return None
+    settings = await principals.get(services.redis, record.owner)
+    return services.store.fair, queue.Ticket(record.owner, record.cost, settings.max_queued)
+
+
+def _over_quota(record: TaskRecord, fair: tuple[fairqueue.FairQueue, queue.Ticket] | None) -> TooManyRequests:
+    limit = fair[1].max_queued if fair is not None else None
+    return TooManyRequests(f"Principal {record.owner!r} already has {limit} tasks waiting for model {record.model!r} "
+                           "(its max_queued); retry once some have started.", retry_after=QUOTA_RETRY_AFTER,
+                           code="queue_quota_exceeded")
+
+
+def _cost(request: wire.ResponseRequest, spec: ModelSpec, rendered: "Rendered | None") -> int:
+    """What the task asks for (``fairqueue.cost``); without a rendered prompt, its output budget."""
+    if rendered is None:
+        return fairqueue.cost(0, request.max_output_tokens or spec.max_output_tokens)
+    return fairqueue.cost(len(rendered.token_ids), output_budget(request, spec, len(rendered.token_ids)))
 
 
 def _metadata(request: wire.ResponseRequest) -> bytes | None:

@@ -1,5 +1,5 @@
-"""``lmsp``: run the service (``up``, ``api``, ``worker``), manage its tokens (``token``) and use it
-(``run``, ``chat``, ``tasks``, ``models``; their logic is in ``lmsp/commands/``)."""
+"""``lmsp``: run the service (``up``, ``api``, ``worker``), manage its tokens and principals (``token``,
+``principal``) and use it (``run``, ``chat``, ``tasks``, ``models``; their logic is in ``lmsp/commands/``)."""
 
 import argparse
 import os
@@ -7,7 +7,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from lmsp import credentials
+from lmsp import credentials, principals
 from lmsp_core import logs
 from lmsp_core.settings import Settings, load_settings
 
@@ -57,6 +57,7 @@ def _parser() -> argparse.ArgumentParser:
                              "pinned to its GPU, all on the same queues")
 
     credentials.add_parser(commands)
+    principals.add_parser(commands)
     _client_parsers(commands)
     return parser
 
@@ -152,6 +153,8 @@ def _service_main(args: argparse.Namespace) -> int:
         run_worker(settings, models)
     elif args.command == "token":
         return credentials.run(args, settings)
+    elif args.command == "principal":
+        return principals.run(args, settings)
     elif args.command == "up":
         from lmsp.up import up
 

@@ -8,7 +8,8 @@ import argparse
 import asyncio
 import sys
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Coroutine
+from typing import TYPE_CHECKING, Any
 
 from lmsp_core.settings import Settings
 from lmsp_core.wire.errors import InvalidRequest
@@ -40,10 +41,16 @@ def add_redis_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
+    return run_command("token", _run(args, settings))
+
+
+def run_command(command: str, work: Coroutine[Any, Any, int]) -> int:
+    """Run an operator command (``lmsp token``, ``lmsp principal``): a bad argument it finds
+    (``InvalidRequest``) is one line on standard error and exit status 2."""
     try:
-        return asyncio.run(_run(args, settings))
+        return asyncio.run(work)
     except InvalidRequest as exc:
-        print(f"lmsp token: {exc.detail}", file=sys.stderr)
+        print(f"lmsp {command}: {exc.detail}", file=sys.stderr)
         return 2
 
 
@@ -54,7 +61,7 @@ async def _run(args: argparse.Namespace, settings: Settings) -> int:
     try:
         if args.action == "create":
             token, record = await credentials.create(redis, args.principal, args.scopes)
-            await _replicated(redis, settings)
+            await warn_unless_replicated(redis, settings, "token")
             print(token)
             print(f"created {record.id} for principal {record.principal} ({','.join(record.scopes)}); "
                   "the token is shown only now", file=sys.stderr)
@@ -66,17 +73,18 @@ async def _run(args: argparse.Namespace, settings: Settings) -> int:
             print(f"lmsp token: no token {args.token_id}", file=sys.stderr)
             return 1
         else:
-            await _replicated(redis, settings)
+            await warn_unless_replicated(redis, settings, "token")
             print(f"revoked {args.token_id}", file=sys.stderr)
         return 0
     finally:
         await redis.aclose()
 
 
-async def _replicated(redis: "Redis", settings: Settings) -> None:
+async def warn_unless_replicated(redis: "Redis", settings: Settings, command: str) -> None:
+    """After an operator's write: say so when no replica confirmed it (a revocation that a failover
+    loses would let the token in again, a quota would be lifted again)."""
     from lmsp_core.store import connections
 
-    # a revocation that a failover loses would let the token in again: say so when unconfirmed
     if not await connections.replicated(redis, connections.ReplicaWatch(settings)):
-        print(f"lmsp token: warning: no replica confirmed the change within {settings.redis_wait_timeout} s; "
+        print(f"lmsp {command}: warning: no replica confirmed the change within {settings.redis_wait_timeout} s; "
               "a failover before it reaches one would undo it", file=sys.stderr)

@@ -93,6 +93,12 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     # priorities (docs/protocol.md, "Priorities"): a normal task is queued as if it had been created
     # this long before a low one, a high one twice this long
     priority_step: Annotated[float, Meta(ge=0)] = 300.0
+    # fair share between principals (docs/queue.md, "Fair share between principals"): off, workers
+    # start jobs in score order whoever owns them, and weights and quotas are not applied. Set it
+    # alike on every API process and worker.
+    fair_share: bool = True
+    # principals per model with series of their own in /metrics and rows in /status; the rest are summed as "~other"
+    metrics_principals: Annotated[int, Meta(ge=1)] = 20
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     log_json: bool = False
 

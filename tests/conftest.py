@@ -47,6 +47,8 @@ TEST_MODELS: list[dict[str, Any]] = [
     tiny_spec("tiny-eager", capabilities=["streaming", "conversations"]),
     # served by ``patient_worker``, which appends every 3 s: what happens meanwhile is not in the log yet
     tiny_spec("tiny-patient", context_window=8192, max_output_tokens=8000),
+    # served only by test_fairness.py's worker: four slots that tenants compete for
+    tiny_spec("tiny-fair", max_batch_size=4),
     # served only by the per-GPU workers of test_gpus.py, one task at a time each
     tiny_spec("tiny-pinned", max_batch_size=1),
     # the default model as the tests run it: without compiling its decoding step (minutes)

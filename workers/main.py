@@ -6,6 +6,7 @@ then hand the rest back to the queue (their next worker resumes them from the st
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import signal
@@ -93,6 +94,8 @@ async def serve(settings: Settings, model_ids: list[str], make_engine: EngineFac
             keep_result=0,
             max_tries=1_000_000,  # retries are counted by task attempts, not by arq
             wake=service.wakes[model_id],
+            pick=functools.partial(service.pick, model_id) if settings.fair_share else None,
+            after_job_end=functools.partial(service.job_ended, model_id),
         )
         for model_id, runtime in runtimes.items()
     ]

@@ -5,10 +5,13 @@ to first token. Here each model's arq worker waits on an asyncio event instead: 
 pub/sub message that the API publishes after each enqueue, and when a job of ours finishes (a
 slot is free). A slow fallback poll covers lost messages (pub/sub is at most once).
 
-Jobs start in the order of their queue scores (priorities, see ``lmsp_core.store.queue``): a poll starts
-jobs only while this worker has free slots, and the next poll reads the queue afresh, where arq
-would wait for a slot and then start the next job of the list it read earlier, ahead of anything
-queued meanwhile with a better score.
+Which jobs start is the fair queue's choice (``lmsp_core.store.fairqueue``): with a ``pick``, a
+poll asks it for as many jobs as this worker has free slots and starts those; without one (fair
+share off) jobs start in the order of their queue scores (priorities, see
+``lmsp_core.store.queue``). Either way a poll starts jobs only while a slot is free, and the next
+poll decides afresh, where arq would wait for a slot and then start the next job of the list it
+read earlier, ahead of anything queued meanwhile with a better score. A picked job that arq does
+not start (another worker runs it, or it left the queue) is left alone: its running entry lapses.
 
 arq's poll loop ends on the first Redis error, and a Redis error while it starts a job leaks that
 job's slot; both would leave a worker that looks alive but never takes a job again after Redis
@@ -24,6 +27,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from arq.worker import Worker
@@ -44,10 +48,16 @@ ARQ_INTERNALS: dict[str, tuple[str, ...]] = {
 ARQ_ATTRIBUTES = ("sem", "job_counter", "max_jobs", "tasks", "allow_pick_jobs", "queue_name")
 
 
+Pick = Callable[[int], Awaitable[list[str]]]  # free slots -> the job ids to start, in order
+
+
 class WakeableWorker(Worker):
-    def __init__(self, *args: Any, wake: asyncio.Event, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, wake: asyncio.Event, pick: Pick | None = None, **kwargs: Any) -> None:
+        if pick is not None:
+            kwargs["queue_read_limit"] = 1  # arq's read only tells whether anything is queued
         super().__init__(*args, poll_delay=0, handle_signals=False, **kwargs)
         self.wake = wake
+        self.pick = pick
         self._failing = False
 
     async def _poll_iteration(self) -> None:
@@ -69,6 +79,10 @@ class WakeableWorker(Worker):
             self._failing = False
 
     async def start_jobs(self, job_ids: list[bytes]) -> None:
+        if self.pick is not None:
+            if not job_ids or self.job_counter >= self.max_jobs:
+                return  # arq's read found nothing queued, or no slot is free
+            job_ids = [job.encode() for job in await self.pick(self.max_jobs - self.job_counter)]
         for job_id in job_ids:
             if self.job_counter >= self.max_jobs:
                 return  # no free slot: the next poll reads the queue again, in score order

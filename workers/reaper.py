@@ -9,7 +9,9 @@ entries of the index of unfinished tasks (``lmsp_core.store.taskindex``), reads 
 - looks again when the lease of a running task would lapse;
 - gives a task that nobody holds (queued, or in progress with a lapsed lease) a fresh arq job at
   the task's own place in the queue (its creation time and priority), unless its current job still
-  waits in the queue, and removes the dead job.
+  waits in the queue, and removes the dead job;
+- makes sure a job that waits in the arq queue also waits in the fair queue (``FairQueue.admit``):
+  a worker that died between picking a job and starting it leaves it in neither.
 
 The job's claim is atomic, so a task queued twice (two reapers, a reaper and an API that was
 slow to enqueue) still runs once; the index's take step keeps reapers from doing the same work.
@@ -18,6 +20,7 @@ slow to enqueue) still runs once; the index's take step keeps reapers from doing
 import asyncio
 import logging
 from collections.abc import Callable, Collection
+from datetime import datetime
 
 import msgspec
 from arq.connections import ArqRedis
@@ -26,12 +29,13 @@ from redis.exceptions import RedisError
 from lmsp_core import wire
 from lmsp_core.requests import extensions
 from lmsp_core.settings import Settings
-from lmsp_core.store import keys, queue
-from lmsp_core.store.tasks import TaskStore
+from lmsp_core.store import fairqueue, keys, queue
+from lmsp_core.store.tasks import TaskRecord, TaskStore
 
 logger = logging.getLogger(__name__)
 
 TAKE_LIMIT = 100
+UNKNOWN_COST = 1024  # what a task whose record predates costs is charged (tokens)
 _FIELDS = ["status", "lease_until", "job"]
 
 
@@ -95,16 +99,27 @@ class Reaper:
             return []
         waiting = await queue.pending(self.pool, model_id, list(orphans.values()))
         for (task_id, old_job), queued in zip(orphans.items(), waiting, strict=True):
-            if queued:
-                continue  # a worker will start its job (a task handed back on shutdown, or queued)
             record = await self.store.get(task_id)
-            job = None if record is None else await self.store.requeue(task_id)
-            if record is None or job is None:
+            if record is None:
+                continue
+            if queued:  # a worker will start its job (a task handed back on shutdown, or queued)
+                if self.settings.fair_share:
+                    await self.store.fair.admit(model_id, old_job, record.owner, self._place(record), _cost(record))
+                continue
+            job = await self.store.requeue(task_id)
+            if job is None:
                 continue  # claimed or finished meanwhile
-            request = msgspec.json.decode(record.request, type=wire.ResponseRequest)
-            priority = extensions.priority(request, direct=record.kind == "direct")
-            await queue.enqueue(self.pool, task_id, model_id, job_id=job,
-                                queued_at=queue.score(record.created_at, priority, self.settings.priority_step))
+            fair = (self.store.fair, queue.Ticket(record.owner, _cost(record))) if self.settings.fair_share else None
+            await queue.enqueue(self.pool, task_id, model_id, self._place(record), job_id=job, fair=fair)
             await queue.drop(self.pool, model_id, old_job)
             logger.info("task %s: nobody runs it; queued again as job %s", task_id, job)
         return list(orphans)
+
+    def _place(self, record: TaskRecord) -> datetime:
+        request = msgspec.json.decode(record.request, type=wire.ResponseRequest)
+        priority = extensions.priority(request, direct=record.kind == "direct")
+        return queue.score(record.created_at, priority, self.settings.priority_step)
+
+
+def _cost(record: TaskRecord) -> int:
+    return record.cost or fairqueue.cost(0, UNKNOWN_COST)

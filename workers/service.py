@@ -20,6 +20,7 @@ from redis.exceptions import RedisError
 from lmsp_core import wire
 from lmsp_core.settings import Settings
 from lmsp_core.store import keys, metrics, queue, registry
+from lmsp_core.store.principals import SettingsCache
 from lmsp_core.store.tasks import ClaimOutcome, TaskRecord, TaskStore
 from lmsp_core.wire.errors import GenerationFailed
 from workers import notices
@@ -29,6 +30,15 @@ from workers.writer import EventWriter
 logger = logging.getLogger(__name__)
 
 HAND_BACK_LIMIT = 5.0  # seconds a stopping worker tries to store a task's last events
+
+
+class JobEnd(msgspec.Struct, frozen=True):
+    """How a job's run ended, for the fair queue (``WorkerService.job_ended``); a job that ran
+    nothing (its task was final, held or gone) is charged nothing."""
+
+    principal: str = ""
+    used_tokens: int = 0
+    handed_back: bool = False
 
 
 class WorkerService:
@@ -41,6 +51,9 @@ class WorkerService:
         self.writer = EventWriter(redis, settings)
         self.metrics = metrics.Recorder()
         self.runs: dict[str, TaskRun] = {}
+        self.jobs: dict[str, str] = {}  # task id -> the job that runs it here
+        self.principals = SettingsCache(redis)
+        self._ended: dict[str, JobEnd] = {}  # job id -> its end, until arq has finished the job
         self.info = msgspec.structs.replace(info, state="ready")
         self.wakes = {model_id: asyncio.Event() for model_id in runtimes}
         self._changed = asyncio.Condition()
@@ -64,6 +77,24 @@ class WorkerService:
         """The arq job: run one task to its final event (or hand it back when cancelled)."""
         return await self._run_task(task_id, str(ctx["job_id"]))
 
+    async def pick(self, model_id: str, slots: int) -> list[str]:
+        """The jobs a free slot of ``model_id`` starts next (``WakeableWorker``'s pick)."""
+        table = await self.principals.table()
+        return await self.store.fair.pick(model_id, slots, self.store.lease_ttl_ms, table)
+
+    async def job_ended(self, model_id: str, ctx: dict[str, Any]) -> None:
+        """arq's hook after it has finished a job of ``model_id``: settle the job in the fair queue.
+        Only now, so a handed-back job waits again once arq no longer marks it running (before, a
+        worker that picked it could not start it)."""
+        end = self._ended.pop(str(ctx["job_id"]), JobEnd())
+        if not self.settings.fair_share:
+            return
+        try:
+            await self.store.fair.finish(model_id, str(ctx["job_id"]), end.used_tokens,
+                                         self.principals.weight(end.principal), requeue=end.handed_back)
+        except RedisError as exc:  # its running entry lapses; the reaper gives a handed-back job back
+            logger.warning("fair queue: could not settle job %s (%s)", ctx["job_id"], type(exc).__name__)
+
     async def _run_task(self, task_id: str, job_id: str) -> str:
         record = await self.store.get(task_id)
         if record is None:
@@ -85,14 +116,19 @@ class WorkerService:
             self.metrics.observe(metrics.QUEUE_TIME, (record.model,), max(0.0, time.time() - record.created_at))
         run = TaskRun(record, runtime, self.writer, self.settings, lease, self.metrics)
         self.runs[task_id] = run
+        self.jobs[task_id] = job_id
+        handed_back = False
         try:
             history = await load_history(self.redis, task_id, record.response_id, claim.last_event_id)
             return await run.execute(history, claim.cancel_requested)
         except asyncio.CancelledError:
+            handed_back = True
             await asyncio.shield(self._hand_back(run, record.model))
             raise
         finally:
+            self._ended[job_id] = JobEnd(record.owner, run.tokens_used, handed_back)
             self.runs.pop(task_id, None)
+            self.jobs.pop(task_id, None)
             async with self._changed:
                 self._changed.notify_all()
 
@@ -153,6 +189,7 @@ class WorkerService:
             await asyncio.sleep(self.settings.lease_ttl / 3)
             try:
                 lost = await self.store.renew({task_id: run.lease for task_id, run in self.runs.items()})
+                await self._renew_running()
             except (RedisError, OSError) as exc:
                 logger.warning("lease renewal failed: %s", type(exc).__name__)
                 continue
@@ -162,6 +199,15 @@ class WorkerService:
                     logger.warning("task %s: lease lost; stopping", task_id)
                     self.writer.close(task_id)
                     run.on_fenced()
+
+    async def _renew_running(self) -> None:
+        """Keep the fair queue's running entries of this worker's jobs (``max_running`` counts them)."""
+        if not self.settings.fair_share:
+            return
+        for model_id in self.runtimes:
+            running = [(run.record.owner, self.jobs[task_id]) for task_id, run in self.runs.items()
+                       if run.record.model == model_id and task_id in self.jobs]
+            await self.store.fair.renew(model_id, running, self.store.lease_ttl_ms)
 
 
 def _setter(event: asyncio.Event) -> notices.Handler:

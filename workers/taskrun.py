@@ -134,6 +134,11 @@ class TaskRun:
         return self._lease
 
     @property
+    def tokens_used(self) -> int:
+        """The tokens this run asked of the model: its prompt and every output token so far."""
+        return 0 if self.sequence is None else self._input_tokens + len(self.sequence.generated)
+
+    @property
     def response_id(self) -> str:
         return self.record.response_id
 
@@ -211,7 +216,8 @@ class TaskRun:
             pipeline.replay(history.tokens)  # to where the stored events end: theirs are stored already
             if (message_id := pipeline.assembler.message_id) is not None:  # its stored deltas' entries
                 pipeline.assembler.add_logprobs(history.delivered.logprobs(message_id))
-        self._meter = self._recorder.meter(self.record.model, self.record.created_at, bool(history.tokens))
+        self._meter = self._recorder.meter(self.record.model, self.record.owner, self.record.created_at,
+                                           bool(history.tokens))
         params = SamplingParams(temperature=self.request.temperature or 0.0, top_p=self._ext.top_p or 1.0,
                                 seed=self._ext.seed, logprobs=self._ext.logprobs)
         self.sequence = Generation(prompt, budget, RowSampler(params, constraint),

@@ -99,6 +99,8 @@ _ERRORS: dict[str, tuple[int, str, str | None]] = {
     "idempotency_key_reused": (422, "This Idempotency-Key was already used with a different request.", None),
     "rate_limited": (429, "More than 600 requests in 60 s; retry later.", None),
     "too_many_streams": (429, "This principal already has 32 open streams.", None),
+    "queue_quota_exceeded": (429, f"Principal 'acme' already has 1000 tasks waiting for model {doc.MODEL!r} (its "
+                                  "max_queued); retry once some have started.", None),
     "generation_failed": (500, "The model failed while generating.", None),
     "service_unavailable": (503, "The service's store is unreachable; retry shortly.", None),
     "model_unavailable": (503, f"No worker is running model {doc.MODEL!r} right now.", None),
@@ -108,7 +110,7 @@ COMMON_ERRORS = ("invalid_request", "unauthorized", "insufficient_scope", "rate_
 GENERATION_ERRORS = (*COMMON_ERRORS, "unsupported_parameter", "unsupported_value", "object_above_max_properties",
                      "string_above_max_length", "context_length_exceeded",
                      "model_not_found", "event_history_expired", "idempotency_key_reused", "too_many_streams",
-                     "generation_failed", "model_unavailable", "server_busy")
+                     "generation_failed", "model_unavailable", "server_busy", "queue_quota_exceeded")
 
 
 def errors(*codes: str) -> dict[int, ResponseSpec]:

@@ -4,7 +4,7 @@ from litestar import MediaType, Response, get
 from redis.exceptions import RedisError
 
 from api import openapi as doc
-from api.metrics import ModelState, ServiceState, WorkerState, service_state
+from api.metrics import ModelState, PrincipalState, ServiceState, WorkerState, service_state
 from api.services import Services
 from lmsp_core.store import registry
 from lmsp_core.wire.errors import ServiceUnavailable
@@ -17,6 +17,10 @@ _STATUS = ServiceState(
     models=[ModelState(id=doc.MODEL, status="available", workers=1, queued=2, running=4)],
     workers=[WorkerState(id="gpu-host-4242-a1b2c3", host="gpu-host", device="cuda:0", models=[doc.MODEL],
                          state="ready", running=4, started_at=1794200000)],
+    principals=[PrincipalState(model=doc.MODEL, principal="team-a", queued=2, running=3, generated_tokens=91544,
+                               weight=2.0, max_running=None, max_queued=100),
+                PrincipalState(model=doc.MODEL, principal="team-b", queued=0, running=1, generated_tokens=12210,
+                               weight=1.0, max_running=None, max_queued=None)],
 )
 _METRICS = """# HELP lmsp_queue_depth Tasks waiting in a model's queue.
 # TYPE lmsp_queue_depth gauge
@@ -24,6 +28,11 @@ lmsp_queue_depth{model="smollm2:135m-instruct"} 2.0
 # HELP lmsp_generated_tokens_total Tokens generated (rate() of it is the service's tokens/s).
 # TYPE lmsp_generated_tokens_total counter
 lmsp_generated_tokens_total{model="smollm2:135m-instruct"} 18234.0
+# HELP lmsp_principal_tasks A principal's tasks in a model's fair queue, by status (queued, running); the ~other \
+series sums the principals beyond a model's first LMSP_METRICS_PRINCIPALS.
+# TYPE lmsp_principal_tasks gauge
+lmsp_principal_tasks{model="smollm2:135m-instruct",principal="team-a",status="queued"} 2.0
+lmsp_principal_tasks{model="smollm2:135m-instruct",principal="team-a",status="running"} 3.0
 """
 
 
@@ -59,20 +68,24 @@ async def readyz(services: Services) -> Response[dict[str, object]]:
 @get("/metrics", summary="Prometheus metrics", tags=["health"], media_type=METRICS_MEDIA_TYPE,
      opt={"scope": "models:read"},
      description="Prometheus text format: queue depth, tasks by status, time in queue, time to first token and "
-                 "inter-token latency histograms, generated tokens (`rate()` gives tokens/s), workers alive "
-                 "(service-wide, from Redis), and the SSE streams open in this process.",
+                 "inter-token latency histograms, generated tokens (`rate()` gives tokens/s), workers alive, "
+                 "each principal's queued and running tasks and generated tokens (the `LMSP_METRICS_PRINCIPALS` "
+                 "busiest of a model, the rest summed as `principal=\"~other\"`) (service-wide, from Redis), "
+                 "and the SSE streams open in this process.",
      responses={200: doc.ok(str, "Metrics", doc.LiteralExample(summary="Excerpt", value=_METRICS),
                             media_type=METRICS_MEDIA_TYPE), **doc.problems("service_unavailable", *doc.GUARDED)})
 async def prometheus_metrics(services: Services) -> Response[bytes]:
-    body = await services.metrics.render(services.redis, services.catalog)
+    body = await services.metrics.render(services.redis, services.catalog, services.settings)
     return Response(body, media_type=METRICS_MEDIA_TYPE)
 
 
 @get("/status", summary="Queues and workers", tags=["health"], media_type=MediaType.JSON,
      opt={"scope": "models:read"},
      description="Each model's live workers, waiting and running tasks, and the live workers (the playground "
-                 "shows this).",
+                 "shows this); per model and principal, its queued and running tasks, generated tokens, weight and "
+                 "quotas (the `LMSP_METRICS_PRINCIPALS` busiest principals of a model, the rest summed as "
+                 "`~other`).",
      responses={200: doc.ok(ServiceState, "The service's state", doc.example("Status", _STATUS)),
                 **doc.problems("service_unavailable", *doc.GUARDED)})
 async def status(services: Services) -> ServiceState:
-    return await service_state(services.redis, services.catalog)
+    return await service_state(services.redis, services.catalog, services.settings)

@@ -50,7 +50,7 @@ class TasksController(Controller):
           response_headers=[doc.IGNORED_EXTENSIONS],
           responses={202: _QUEUED, **doc.problems("invalid_request", "invalid_extension", "context_length_exceeded",
                                                   "model_not_found", "service_unavailable", "server_busy",
-                                                  "idempotency_key_reused", *doc.GUARDED)})
+                                                  "queue_quota_exceeded", "idempotency_key_reused", *doc.GUARDED)})
     async def create_task(
         self, data: Annotated[wire.ResponseRequest, Body(examples=doc.REQUEST_EXAMPLES)], services: Services,
         owner: str, idempotency_key: IdempotencyKey = None,

@@ -60,6 +60,24 @@ def queue(model_id: str) -> str:
     return f"{PREFIX}:queue:{model_id}"
 
 
+def fair_queue(model_id: str) -> list[str]:
+    """The keys of a model's fair share between principals (``lmsp_core.store.fairqueue``), in the
+    order its scripts take them; one hash tag per model, so that each script stays in one slot:
+
+    - ``waiting``: sorted set, every score 0, member ``principal SOH queue-score SOH job``: the
+      jobs no worker picked yet, each principal's in its own queue order (``ZRANGEBYLEX``);
+    - ``ready``: sorted set, principal -> its pass (service received / weight), principals with
+      waiting jobs only;
+    - ``state``: hash, principal -> pass of a principal with no waiting job, ``:v`` -> the pass at
+      which the last job was picked (the virtual time a returning principal starts from);
+    - ``running``: sorted set, member ``principal SOH job``, score: when the entry lapses (server
+      ms) unless the job's worker renews it;
+    - ``jobs``: hash, job id -> ``principal SOH queue-score SOH cost``, from enqueue until the job ends.
+    """
+    base = f"{PREFIX}:fair:{{{model_id}}}"
+    return [f"{base}:waiting", f"{base}:ready", f"{base}:state", f"{base}:running", f"{base}:jobs"]
+
+
 def wake_channel(model_id: str) -> str:
     """Pub/sub channel: published after an enqueue so idle workers poll at once."""
     return f"{PREFIX}:wake:{model_id}"
@@ -121,6 +139,11 @@ def credential(token_hash: str) -> str:
 def credential_index() -> str:
     """Hash: token id -> SHA-256 of the token (for listing and revoking by id)."""
     return f"{PREFIX}:{{auth}}:tokens"
+
+
+def principals() -> str:
+    """Hash: principal -> JSON of its settings (weight, quotas; ``lmsp_core.store.principals``)."""
+    return f"{PREFIX}:{{auth}}:principals"
 
 
 def idempotency(principal: str, key_digest: str) -> str:

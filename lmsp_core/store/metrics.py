@@ -48,11 +48,13 @@ TTFT = Histogram("time_to_first_token_seconds", "Time from a task's creation (qu
 ITL = Histogram("inter_token_latency_seconds", "Time between two consecutive tokens of one generation.",
                 ("model",), (0.002, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1, 2.5))
 TOKENS = Counter("generated_tokens", "Tokens generated (rate() of it is the service's tokens/s).", ("model",))
+PRINCIPAL_TOKENS = Counter("principal_generated_tokens", "Tokens generated for a principal's tasks.",
+                           ("model", "principal"))
 CREATED = Counter("tasks_created", "Generation tasks accepted (kind: task or direct response).", ("model", "kind"))
 FINISHED = Counter("tasks_finished", "Generation tasks that reached a final status.", ("model", "status"))
 
 HISTOGRAMS = (QUEUE_TIME, TTFT, ITL)
-COUNTERS = (TOKENS, CREATED, FINISHED)
+COUNTERS = (TOKENS, PRINCIPAL_TOKENS, CREATED, FINISHED)
 
 Field = tuple[str, ...]
 
@@ -86,8 +88,8 @@ class Recorder:
         """One labelled series of ``histogram``, its fields made once (a meter observes every token)."""
         return Series(self, histogram, labels)
 
-    def meter(self, model: str, created_at: float, resumed: bool) -> "TokenMeter":
-        return TokenMeter(self, model, created_at, resumed)
+    def meter(self, model: str, principal: str, created_at: float, resumed: bool) -> "TokenMeter":
+        return TokenMeter(self, model, principal, created_at, resumed)
 
     def take(self) -> tuple[dict[bytes, int], dict[bytes, float]]:
         counts, sums = dict(self._counts), dict(self._sums)
@@ -144,14 +146,16 @@ class Series:
 
 
 class TokenMeter:
-    """The per-token measurements of one generation: count, time to first token, inter-token gaps."""
+    """The per-token measurements of one generation: count (the model's and its principal's), time
+    to first token, inter-token gaps."""
 
-    __slots__ = ("_count", "_created_at", "_itl", "_labels", "_last", "_recorder", "_resumed")
+    __slots__ = ("_count", "_created_at", "_itl", "_labels", "_last", "_principal_count", "_recorder", "_resumed")
 
-    def __init__(self, recorder: Recorder, model: str, created_at: float, resumed: bool) -> None:
+    def __init__(self, recorder: Recorder, model: str, principal: str, created_at: float, resumed: bool) -> None:
         self._recorder = recorder
         self._labels = (model,)
         self._count = field(TOKENS.name, self._labels)
+        self._principal_count = field(PRINCIPAL_TOKENS.name, (model, principal))
         self._itl = recorder.series(ITL, self._labels)
         self._created_at = created_at
         self._resumed = resumed  # a resumed task's first token is not its first
@@ -161,6 +165,7 @@ class TokenMeter:
         now = time.monotonic()
         recorder = self._recorder
         recorder._counts[self._count] += 1
+        recorder._counts[self._principal_count] += 1
         if self._last is not None:
             self._itl.observe(now - self._last)
         elif not self._resumed:

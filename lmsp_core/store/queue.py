@@ -11,6 +11,10 @@ job's first step is an atomic claim on the task record (see ``tasks.TaskStore.cl
 After each enqueue a message on the model's wake channel lets idle workers poll at once instead
 of after their poll delay.
 
+Which waiting job starts next is the fair queue's choice (``fairqueue``): each job is admitted there
+too, for its principal, and workers start the jobs it picks; with ``LMSP_FAIR_SHARE=0`` they start
+jobs in score order, as arq reads them.
+
 A task's first job has the task's id; a reaper that finds a task nobody runs gives it a fresh job
 (``<task id>:<n>``, see ``scripts.REQUEUE``) at the same place and removes the old one, which a
 killed worker leaves marked as running until arq's own in-progress expiry (the job time limit plus
@@ -19,12 +23,14 @@ a minute).
 
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
+from typing import NamedTuple
 
 from arq.connections import ArqRedis
 from redis.asyncio import Redis
 
 from lmsp_core.requests.extensions import Priority
-from lmsp_core.store import keys
+from lmsp_core.store import keys, principals
+from lmsp_core.store.fairqueue import FairQueue
 
 GENERATE = "generate"
 JOB_EXPIRY = timedelta(days=1)  # arq's default; set explicitly, since arq shortens it for past scores
@@ -37,14 +43,33 @@ def score(created_at: float, priority: Priority, step: float) -> datetime:
     return datetime.fromtimestamp(created_at - _STEPS[priority] * step, tz=UTC)
 
 
-async def enqueue(pool: ArqRedis, task_id: str, model_id: str, *, job_id: str | None = None,
-                  queued_at: datetime | None = None) -> bool:
-    """Add the task's job to its model's queue (``queued_at``: its place, see ``score``; default now).
-    False when a job with that id exists already (arq deduplicates)."""
-    job = await pool.enqueue_job(GENERATE, task_id, _job_id=job_id or task_id, _queue_name=keys.queue(model_id),
-                                 _defer_until=queued_at, _expires=JOB_EXPIRY)
+class Ticket(NamedTuple):
+    """What the fair queue needs to know of a job: whose it is, what it costs, and the principal's
+    quota of waiting jobs (None: none, or not checked: a job the reaper replaces)."""
+
+    principal: str
+    cost: int
+    max_queued: int | None = None
+
+
+async def enqueue(pool: ArqRedis, task_id: str, model_id: str, queued_at: datetime | None = None, *,
+                  job_id: str | None = None, fair: tuple[FairQueue, Ticket] | None = None) -> bool:
+    """Add the task's job to its model's queue at ``queued_at`` (its place, see ``score``; default
+    now) and, with ``fair``, admit it to the fair queue. False (and nothing queued) when the
+    principal has its ``max_queued`` waiting jobs already. A job id that exists already is not
+    queued twice."""
+    job_id = job_id or task_id
+    queued_at = queued_at or datetime.now(UTC)
+    await pool.enqueue_job(GENERATE, task_id, _job_id=job_id, _queue_name=keys.queue(model_id),
+                           _defer_until=queued_at, _expires=JOB_EXPIRY)
+    # admitted after arq has it, so a worker never picks a job that arq cannot start yet
+    if fair is not None:
+        fair_queue, ticket = fair
+        if not await fair_queue.admit(model_id, job_id, ticket.principal, queued_at, ticket.cost, ticket.max_queued):
+            await withdraw(pool, job_id, model_id)
+            return False
     await wake(pool, model_id)
-    return job is not None
+    return True
 
 
 async def wake(redis: Redis, model_id: str) -> None:
@@ -68,12 +93,21 @@ async def drop(pool: ArqRedis, model_id: str, job_id: str) -> None:
     async with pool.pipeline(transaction=True) as pipe:
         pipe.zrem(keys.queue(model_id), job_id)
         pipe.delete(*keys.arq_job_keys(job_id))
+        await FairQueue(pool).drop(model_id, job_id, pipe=pipe)
         await pipe.execute()
 
 
-async def queue_position(pool: ArqRedis, task_id: str, model_id: str, job_id: str | None = None) -> int | None:
-    """1-based place of the task's job in its model's queue, or None once it has left it."""
-    rank = await pool.zrank(keys.queue(model_id), job_id or task_id)
+async def queue_position(pool: ArqRedis, task_id: str, model_id: str, job_id: str | None = None, *,
+                         fair: bool = True) -> int | None:
+    """1-based place of the task's job in its model's queue, or None once it has left it: with
+    ``fair``, its place in the fair order (``FairQueue.position``); else, or for a job the fair
+    queue does not hold, its rank by score."""
+    job_id = job_id or task_id
+    if fair:
+        place = await FairQueue(pool).position(model_id, job_id, await principals.load(pool))
+        if place is not None:
+            return place
+    rank = await pool.zrank(keys.queue(model_id), job_id)
     return None if rank is None else int(rank) + 1
 
 
@@ -87,4 +121,5 @@ async def withdraw(redis: Redis, job_id: str, model_id: str) -> None:
     async with redis.pipeline(transaction=False) as pipe:
         pipe.zrem(keys.queue(model_id), job_id)
         pipe.delete(keys.arq_job(job_id))
+        await FairQueue(redis).drop(model_id, job_id, pipe=pipe)
         await pipe.execute()

@@ -1,12 +1,14 @@
-"""Lua scripts that change a task's record and its event stream in one atomic step.
+"""Lua scripts that change a task's record and its event stream, or a model's fair queue, in one
+atomic step.
 
-Each script touches only the keys of one task (one hash tag), so it runs unchanged on Redis
-Cluster. Time comes from the Redis server (``TIME``), so leases do not depend on host clocks.
+Each script touches only the keys of one task, or of one model's fair queue (one hash tag), so it
+runs unchanged on Redis Cluster. Time comes from the Redis server (``TIME``), so leases do not depend on host clocks.
 Events go into the stream in their stored form (``eventlog.pack``): callers pack the data.
 
 Each script has one caller, which builds its arguments and turns its reply into a typed result:
 ``tasks.TaskStore`` (CLAIM, CANCEL, RENEW, RELEASE, REQUEUE), ``eventstore.EventStore`` (APPEND)
-and ``taskindex.ActiveIndex`` (INDEX_ADD, INDEX_TAKE). Nothing else calls them.
+``taskindex.ActiveIndex`` (INDEX_ADD, INDEX_TAKE) and ``fairqueue.FairQueue`` (FAIR_*). Nothing
+else calls them.
 """
 
 from lmsp_core import wire
@@ -192,5 +194,219 @@ local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now_ms, 'LIMIT', 0, ton
 for _, id in ipairs(due) do redis.call('ZADD', KEYS[1], now_ms + tonumber(ARGV[2]), id) end
 table.insert(due, 1, now_ms)
 return due
+"""
+)
+
+# The fair share of a model's queue between principals (``fairqueue.FairQueue`` calls these).
+# KEYS: keys.fair_queue(model) (waiting, ready, state, running, jobs), in every script.
+_FAIR = """
+local waiting, ready, state, running, jobs = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local SEP = string.char(1)
+local function lo(p) return '[' .. p .. SEP end
+local function hi(p) return '(' .. p .. string.char(2) end
+local function vtime() return tonumber(redis.call('HGET', state, ':v') or '0') end
+local function parse(entry)
+  local p, score, cost = string.match(entry, '^(.-)' .. SEP .. '(.-)' .. SEP .. '(.*)$')
+  return p, score, tonumber(cost)
+end
+-- a principal with waiting jobs competes from its own pass, or from the virtual time if it fell
+-- behind (it waited, or had nothing queued): no credit is saved up while idle
+local function activate(p)
+  if not redis.call('ZSCORE', ready, p) then
+    redis.call('ZADD', ready, math.max(tonumber(redis.call('HGET', state, p) or '0'), vtime()), p)
+  end
+end
+local function settle(p)
+  if redis.call('ZLEXCOUNT', waiting, lo(p), hi(p)) == 0 then
+    local pass = redis.call('ZSCORE', ready, p)
+    if pass then
+      redis.call('HSET', state, p, pass)
+      redis.call('ZREM', ready, p)
+    end
+  end
+end
+"""
+
+# ARGV: job, principal, queue score (15 digits), cost, max_queued (0: none).
+# Puts a job in its principal's waiting queue. Returns 1, or 0 when the principal already has
+# max_queued waiting jobs. Safe to repeat, and the reaper's way to give back a job that a worker
+# picked but never started (its running entry lapsed): such a job waits again, unchecked.
+FAIR_ADMIT = (
+    _NOW_MS
+    + _FAIR
+    + """
+local job = ARGV[1]
+local entry = redis.call('HGET', jobs, job)
+local p, score
+if entry then
+  p, score = parse(entry)
+  if redis.call('ZSCORE', waiting, p .. SEP .. score .. SEP .. job) then return 1 end
+  local lapse = redis.call('ZSCORE', running, p .. SEP .. job)
+  if lapse and tonumber(lapse) > now_ms then return 1 end
+  redis.call('ZREM', running, p .. SEP .. job)
+else
+  p, score = ARGV[2], ARGV[3]
+  local limit = tonumber(ARGV[5])
+  if limit > 0 and redis.call('ZLEXCOUNT', waiting, lo(p), hi(p)) >= limit then return 0 end
+  redis.call('HSET', jobs, job, p .. SEP .. score .. SEP .. ARGV[4])
+end
+activate(p)
+redis.call('ZADD', waiting, 0, p .. SEP .. score .. SEP .. job)
+return 1
+"""
+)
+
+# KEYS[6]: the model's arq queue.  ARGV: slots, lease_ms, settings (MessagePack map principal ->
+# {weight, max_running (0: none)}; principals not in it: weight 1, no quota).
+# Picks up to ``slots`` jobs: each time the head of the principal with the least pass among those
+# under max_running, charged cost / weight at the pass it starts from (start-time fair queuing).
+# Each picked job gets a running entry that lapses after lease_ms. A job that left the arq queue
+# meanwhile (cancelled, replaced by the reaper) is forgotten. Returns the job ids.
+FAIR_PICK = (
+    _NOW_MS
+    + _FAIR
+    + """
+redis.call('ZREMRANGEBYSCORE', running, '-inf', now_ms)
+local settings = cmsgpack.unpack(ARGV[3])
+local counts = {}
+for _, member in ipairs(redis.call('ZRANGE', running, 0, -1)) do
+  local p = string.match(member, '^(.-)' .. SEP)
+  counts[p] = (counts[p] or 0) + 1
+end
+local picked = {}
+local slots = tonumber(ARGV[1])
+while #picked < slots do
+  local chosen, pass
+  local order = redis.call('ZRANGE', ready, 0, -1, 'WITHSCORES')
+  for i = 1, #order, 2 do
+    local limit = settings[order[i]] and settings[order[i]][2] or 0
+    if limit == 0 or (counts[order[i]] or 0) < limit then
+      chosen, pass = order[i], tonumber(order[i + 1])
+      break
+    end
+  end
+  if not chosen then break end
+  local head = redis.call('ZRANGEBYLEX', waiting, lo(chosen), hi(chosen), 'LIMIT', 0, 1)[1]
+  if head then
+    redis.call('ZREM', waiting, head)
+    local job = string.match(head, '^.-' .. SEP .. '.-' .. SEP .. '(.*)$')
+    local entry = redis.call('HGET', jobs, job)
+    if entry and redis.call('ZSCORE', KEYS[6], job) then
+      local _, _, cost = parse(entry)
+      local weight = settings[chosen] and settings[chosen][1] or 1
+      local start = math.max(pass, vtime())
+      redis.call('HSET', state, ':v', start)
+      redis.call('ZADD', ready, start + cost / weight, chosen)
+      redis.call('ZADD', running, now_ms + tonumber(ARGV[2]), chosen .. SEP .. job)
+      counts[chosen] = (counts[chosen] or 0) + 1
+      picked[#picked + 1] = job
+    else
+      redis.call('HDEL', jobs, job)
+    end
+  end
+  settle(chosen)
+end
+return picked
+"""
+)
+
+# ARGV: job, tokens used, weight, requeue (1: the job was handed back and waits again).
+# A picked job ended: its principal gets back what it was charged beyond what the run used, and
+# the job is forgotten, or waits again. Returns 1, or 0 for a job the fair queue does not know.
+FAIR_FINISH = (
+    _FAIR
+    + """
+local job = ARGV[1]
+local entry = redis.call('HGET', jobs, job)
+if not entry then return 0 end
+local p, score, cost = parse(entry)
+redis.call('ZREM', running, p .. SEP .. job)
+local refund = (cost - tonumber(ARGV[2])) / tonumber(ARGV[3])
+if refund > 0 then
+  local pass = redis.call('ZSCORE', ready, p)
+  if pass then
+    redis.call('ZADD', ready, tonumber(pass) - refund, p)
+  else
+    redis.call('HSET', state, p, tonumber(redis.call('HGET', state, p) or '0') - refund)
+  end
+end
+if ARGV[4] == '1' then
+  activate(p)
+  redis.call('ZADD', waiting, 0, p .. SEP .. score .. SEP .. job)
+else
+  redis.call('HDEL', jobs, job)
+end
+return 1
+"""
+)
+
+# ARGV: job.  Forgets a job that left the arq queue without running (cancelled while queued, or
+# replaced by the reaper). Returns 1, or 0 for a job the fair queue does not know.
+FAIR_DROP = (
+    _FAIR
+    + """
+local job = ARGV[1]
+local entry = redis.call('HGET', jobs, job)
+if not entry then return 0 end
+local p, score = parse(entry)
+redis.call('ZREM', waiting, p .. SEP .. score .. SEP .. job)
+redis.call('ZREM', running, p .. SEP .. job)
+redis.call('HDEL', jobs, job)
+settle(p)
+return 1
+"""
+)
+
+# KEYS[1]: the running set (keys.fair_queue(model)[3]).  ARGV: lease_ms, members (principal SOH job).
+# Renews the running entries of the jobs a worker runs; an entry that lapsed stays gone.
+FAIR_RENEW = (
+    _NOW_MS
+    + """
+for i = 2, #ARGV do redis.call('ZADD', KEYS[1], 'XX', now_ms + tonumber(ARGV[1]), ARGV[i]) end
+return #ARGV - 1
+"""
+)
+
+# KEYS[6]: the model's arq queue.  ARGV: job, settings (as FAIR_PICK's).  The job's 1-based place
+# in its queue if nothing else arrives: the running jobs queued before it (as the arq queue's rank
+# counts them), its principal's jobs before it, and each other principal's jobs whose start tags
+# come before its own (their costs taken as their head job's). False when the job is not waiting
+# (picked, or unknown to the fair queue).
+FAIR_POSITION = (
+    _NOW_MS
+    + _FAIR
+    + """
+local job = ARGV[1]
+local entry = redis.call('HGET', jobs, job)
+if not entry then return false end
+local p, score, cost = parse(entry)
+local member = p .. SEP .. score .. SEP .. job
+if not redis.call('ZSCORE', waiting, member) then return false end
+local settings = cmsgpack.unpack(ARGV[2])
+local function weight(q) return settings[q] and settings[q][1] or 1 end
+local own = redis.call('ZLEXCOUNT', waiting, lo(p), '(' .. member)
+local v = vtime()
+local tag = math.max(tonumber(redis.call('ZSCORE', ready, p) or v), v) + own * cost / weight(p)
+local ahead = own
+local mine = tonumber(redis.call('ZSCORE', KEYS[6], job) or '0')
+for _, run in ipairs(redis.call('ZRANGEBYSCORE', running, '(' .. now_ms, '+inf')) do
+  local queued = redis.call('ZSCORE', KEYS[6], string.match(run, '^.-' .. SEP .. '(.*)$'))
+  if queued and tonumber(queued) < mine then ahead = ahead + 1 end
+end
+local order = redis.call('ZRANGE', ready, 0, -1, 'WITHSCORES')
+for i = 1, #order, 2 do
+  local q = order[i]
+  local start = math.max(tonumber(order[i + 1]), v)
+  -- q's jobs start at tags start, start + step, ...; those below ours come first, and on a tie
+  -- the principal whose name sorts first (the order of the ready set)
+  if q ~= p and (start < tag or (start == tag and q < p)) then
+    local head = redis.call('ZRANGEBYLEX', waiting, lo(q), hi(q), 'LIMIT', 0, 1)[1]
+    local head_entry = head and redis.call('HGET', jobs, string.match(head, '^.-' .. SEP .. '.-' .. SEP .. '(.*)$'))
+    local step = (head_entry and select(3, parse(head_entry)) or cost) / weight(q)
+    local before = q < p and math.floor((tag - start) / step) + 1 or math.ceil((tag - start) / step)
+    ahead = ahead + math.min(before, redis.call('ZLEXCOUNT', waiting, lo(q), hi(q)))
+  end
+end
+return ahead + 1
 """
 )

@@ -20,6 +20,7 @@ from lmsp_core import wire
 from lmsp_core.settings import Settings
 from lmsp_core.store import eventlog, keys, metrics, queue, scripts
 from lmsp_core.store.eventstore import unpack_tokens
+from lmsp_core.store.fairqueue import FairQueue
 from lmsp_core.store.taskindex import ActiveIndex
 from lmsp_core.wire import ids
 
@@ -83,6 +84,8 @@ class TaskRecord(msgspec.Struct, frozen=True, kw_only=True):
     prompt_card: str | None = None
     # the request's x-metadata (JSON), which every response object of the task carries
     metadata: bytes | None = None
+    # what its principal is charged when it starts (fairqueue.cost); 0: not known (an older record)
+    cost: int = 0
 
     def prompt_ids(self, card_digest: str) -> list[int] | None:
         """The prompt the API rendered, if it used the card the worker has (else None)."""
@@ -127,7 +130,7 @@ class TaskRecord(msgspec.Struct, frozen=True, kw_only=True):
 _TEXT_FIELDS = ("id", "model", "owner", "kind", "status", "response_id")
 _OPTIONAL_TEXT_FIELDS = ("worker", "job", "prompt_card")
 _FLOAT_FIELDS = ("created_at", "started_at", "finished_at")
-_INT_FIELDS = ("last_event_id", "attempts")
+_INT_FIELDS = ("last_event_id", "attempts", "cost")
 
 
 def _record(raw: dict[bytes, bytes]) -> TaskRecord:
@@ -176,6 +179,7 @@ class TaskStore:
         self._release = redis.register_script(scripts.RELEASE)
         self._requeue = redis.register_script(scripts.REQUEUE)
         self.index = ActiveIndex(redis)
+        self.fair = FairQueue(redis)
 
     @property
     def event_ttl_ms(self) -> int:
@@ -196,7 +200,7 @@ class TaskStore:
 
     async def create(self, record: TaskRecord) -> None:
         mapping: dict[str, str | bytes | float | int] = {
-            name: getattr(record, name) for name in (*_TEXT_FIELDS, "created_at", "request")
+            name: getattr(record, name) for name in (*_TEXT_FIELDS, "created_at", "request", "cost")
         }
         for name in ("context", "prompt", "prompt_card", "metadata"):
             if (value := getattr(record, name)) is not None:

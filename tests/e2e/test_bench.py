@@ -70,3 +70,22 @@ def test_event_plane_benchmark_runs_and_reports_every_figure(tmp_path: Path) -> 
     runs = json.loads(figures.read_text())["runs"]
     assert [(run["streams"], run["followers"], run["rate"]) for run in runs] == [(4, 1, 150), (4, 2, 150), (4, 1, 0)]
     assert all(run["tokens"] > 0 and run["lag_ms"]["p99"] > 0 for run in runs)
+
+
+def test_fair_share_benchmark_runs_and_reports_every_figure(tmp_path: Path) -> None:
+    figures = tmp_path / "fairshare.json"
+    result = subprocess.run([sys.executable, "-m", "bench.fairshare", "--quick", "--json", str(figures)],
+                            capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    table = result.stdout.split("\n\n")[-1]
+    for row in ("1 principal, 16 streams x 16 tokens: tokens/s, fair share on / off", "tasks/s, on / off",
+                "worker CPU a task, on / off", "API CPU a task, on / off", "Redis CPU a task, on / off",
+                "Redis calls a task (scripts), on / off",
+                "2 principals: B's 2 tasks after A's 16, wait to start: median (max)",
+                "A's tasks still waiting when B queued, on / off", "A's backlog, first queued to last ended"):
+        assert row in table, table
+    data = json.loads(figures.read_text())
+    assert [run["fair"] for run in data["saturated"]] == [run["fair"] for run in data["late_comer"]] == ["on", "off"]
+    assert all(run["tasks"] > 0 and run["tokens"] > 0 for run in data["saturated"])
+    assert all(len(run["b_wait_ms"]) == 2 for run in data["late_comer"])
+    assert data["commit"] and data["cpu"]

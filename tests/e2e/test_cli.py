@@ -1,4 +1,5 @@
-"""`lmsp up` runs the whole service on a fresh machine: local redis-server, a worker, the API."""
+"""`lmsp up` runs the whole service on a fresh machine: local redis-server, a worker, the API; `lmsp principal`
+sets weights and quotas."""
 
 import asyncio
 import contextlib
@@ -13,12 +14,15 @@ from pathlib import Path
 
 import httpx
 import pytest
+import redis.asyncio as aioredis
 
 from lmsp.up import needs_local_redis
 from lmsp_core.requests.catalog import SMOLLM2
 from lmsp_core.requests.modelfiles import package_file
 from lmsp_core.settings import Settings
-from tests.support import ROOT, body, free_port, wait_port
+from lmsp_core.store import principals
+from lmsp_core.store.principals import PrincipalSettings
+from tests.support import ROOT, RedisServer, body, free_port, service_env, wait_port
 
 
 def descendants(pid: int) -> set[int]:
@@ -148,3 +152,50 @@ def test_lmsp_up_starts_its_own_redis_only_without_url_or_sentinels() -> None:
     assert not needs_local_redis(sentinels, {})
     # the worker it starts gets the same Redis, flags included
     assert sentinels.redis_env()["LMSP_REDIS_SENTINELS"] == "10.0.0.3:26379"
+
+
+async def test_lmsp_principal_sets_shows_and_lists_weights_and_quotas(redis_server: RedisServer,
+                                                                      redis: aioredis.Redis) -> None:
+    env = service_env(redis_server.url)
+
+    def lmsp(*args: str, **settings: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "lmsp.cli", "principal", *args], env={**env, **settings},
+                              cwd=ROOT, capture_output=True, text=True, timeout=60)
+
+    def line(result: subprocess.CompletedProcess[str]) -> str:
+        assert result.returncode == 0 and result.stdout.count("\n") == 1, result
+        return result.stdout.rstrip("\n")
+
+    try:
+        assert line(lmsp("set", "cli-fair-a", "--weight", "2.5", "--max-running", "2", "--max-queued", "10")) == \
+            "cli-fair-a\tweight=2.5\tmax_running=2\tmax_queued=10"
+        assert await principals.get(redis, "cli-fair-a") == PrincipalSettings(weight=2.5, max_running=2, max_queued=10)
+        # only the fields given change; none lifts a quota
+        assert line(lmsp("set", "cli-fair-a", "--max-running", "none")) == \
+            "cli-fair-a\tweight=2.5\tmax_running=-\tmax_queued=10"
+        assert line(lmsp("set", "cli-fair-b", "--max-queued", "3")) == \
+            "cli-fair-b\tweight=1\tmax_running=-\tmax_queued=3"
+        assert line(lmsp("show", "cli-fair-b")) == "cli-fair-b\tweight=1\tmax_running=-\tmax_queued=3"
+        listing = lmsp("list").stdout.splitlines()
+        assert [entry for entry in listing if entry.startswith("cli-fair-")] == [
+            "cli-fair-a\tweight=2.5\tmax_running=-\tmax_queued=10", "cli-fair-b\tweight=1\tmax_running=-\tmax_queued=3"]
+        names = [entry.split("\t")[0] for entry in listing]
+        assert names == sorted(names)
+        # a bad value or name: one line, exit status 2, nothing written
+        for args, said in ((("set", "cli-fair-a", "--weight", "0"), "--weight '0': expected `float` > 0.0"),
+                           (("set", "cli-fair-a", "--max-running", "abc"), "--max-running 'abc': expected `int"),
+                           (("set", "cli-fair-a"), "nothing to set"), (("show", "bad name"), "Principal 'bad name'")):
+            bad = lmsp(*args)
+            assert bad.returncode == 2 and bad.stdout == "" and bad.stderr.count("\n") == 1, bad
+            assert bad.stderr.startswith(f"lmsp principal: {said}"), bad.stderr
+        assert await principals.get(redis, "cli-fair-a") == PrincipalSettings(weight=2.5, max_queued=10)
+        # back to the defaults: forgotten (shown with the defaults, listed no more); a change that no
+        # replica confirmed is written all the same, with a warning
+        cleared = lmsp("set", "cli-fair-b", "--max-queued", "none", LMSP_REDIS_WAIT_REPLICAS="1")
+        assert line(cleared) == "cli-fair-b\tweight=1\tmax_running=-\tmax_queued=-"
+        assert "warning: no replica confirmed the change" in cleared.stderr
+        assert "cli-fair-b" not in await principals.load(redis)
+        assert line(lmsp("show", "cli-fair-b")) == "cli-fair-b\tweight=1\tmax_running=-\tmax_queued=-"
+    finally:
+        for name in ("cli-fair-a", "cli-fair-b"):
+            await principals.store(redis, name, principals.DEFAULT)

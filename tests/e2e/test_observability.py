@@ -2,6 +2,7 @@
 
 import asyncio
 import time
+from collections.abc import Iterator
 from contextlib import aclosing
 from typing import Any
 
@@ -10,7 +11,8 @@ import pytest
 from openapi_spec_validator import validate
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.support import body, sse_events
+from lmsp_core import wire
+from tests.support import Api, RedisServer, TokenFactory, Worker, bearer, body, sse_events, wait_for
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
@@ -84,6 +86,71 @@ async def test_queue_depth_open_streams_and_status(client: httpx.AsyncClient) ->
                                                                                   kind="task"):
         assert time.monotonic() < deadline
         await asyncio.sleep(0.1)
+
+
+@pytest.fixture
+def tenant_api(redis_server: RedisServer, models_file: str) -> Iterator[Api]:
+    """An API with bearer tokens that names every principal: the session's tests make more principals
+    than the default cap (LMSP_METRICS_PRINCIPALS), whose ranking tests/unit/test_principal_metrics.py checks."""
+    server = Api(redis_server.url, models_file=models_file, auth="tokens", metrics_principals=100_000).start()
+    yield server
+    server.stop()
+
+
+async def test_each_principal_shows_in_the_status_and_metrics(tenant_api: Api, tiny_worker: Worker,
+                                                              make_token: TokenFactory) -> None:
+    tokens = dict([await make_token(), await make_token()])
+    alice, bob = tokens.values()
+    clients = {name: httpx.AsyncClient(base_url=tenant_api.url, timeout=60, headers=bearer(token))
+               for token, name in tokens.items()}
+
+    async def create(principal: str, **fields: Any) -> str:
+        response = await clients[principal].post("/lmsp/v1/tasks", json=body(**fields))
+        assert response.status_code == 202, response.text
+        return str(response.json()["id"])
+
+    waiting: list[str] = []
+    try:
+        waiting += [await create(alice, model="tiny-unserved") for _ in range(2)]
+        done = {alice: [await create(alice, max_output_tokens=n) for n in (7, 11)],
+                bob: [await create(bob, max_output_tokens=9)]}
+        samples = await scrape(clients[alice])
+        unserved = {"model": "tiny-unserved", "principal": alice}
+        assert value(samples, "lmsp_principal_tasks", status="queued", **unserved) == 2
+        assert ("lmsp_principal_tasks", tuple(sorted({**unserved, "status": "running"}.items()))) in samples
+        rows = (await clients[alice].get("/status")).json()["principals"]
+        assert {"model": "tiny-unserved", "principal": alice, "queued": 2, "running": 0, "generated_tokens": 0,
+                "weight": 1.0, "max_running": None, "max_queued": None} in rows
+        assert rows == sorted(rows, key=lambda row: (row["model"], -row["queued"] - row["running"], row["principal"]))
+
+        used = dict.fromkeys(done, 0)  # each principal's output tokens, once its tasks are final
+        for name, task_ids in done.items():
+            for task_id in task_ids:
+                async def final(name: str = name, task_id: str = task_id) -> dict[str, Any] | None:
+                    task: dict[str, Any] = (await clients[name].get(f"/lmsp/v1/tasks/{task_id}")).json()
+                    return task if task["status"] in wire.FINAL_STATUSES else None
+
+                used[name] += (await wait_for(final, what="a final task"))["response"]["usage"]["output_tokens"]
+        assert all(used.values())
+
+        async def counted() -> Samples | None:  # workers add theirs with each heartbeat
+            after = await scrape(clients[bob])
+            return after if all(value(after, "lmsp_principal_generated_tokens_total", model="tiny-random",
+                                      principal=name) == n for name, n in used.items()) else None
+
+        samples = await wait_for(counted, what="the principals' tokens")
+        rows = (await clients[bob].get("/status")).json()["principals"]
+        for name, n in used.items():
+            labels = {"model": "tiny-random", "principal": name}
+            assert {**labels, "queued": 0, "running": 0, "generated_tokens": n, "weight": 1.0, "max_running": None,
+                    "max_queued": None} in rows
+            for status in ("queued", "running"):
+                assert ("lmsp_principal_tasks", tuple(sorted({**labels, "status": status}.items()))) in samples
+    finally:
+        for task_id in waiting:
+            await clients[alice].post(f"/lmsp/v1/tasks/{task_id}/cancel")
+        for client in clients.values():
+            await client.aclose()
 
 
 async def test_probes(client: httpx.AsyncClient) -> None:

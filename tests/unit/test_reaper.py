@@ -67,5 +67,9 @@ async def test_a_sweep(redis: aioredis.Redis, settings: Settings, model: str) ->
         assert (await store.get(waiting.id)).job is None  # type: ignore[union-attr]
         assert not await pool.exists(*keys.arq_job_keys(orphan.id))  # the dead job is gone
         assert (await store.get(mine.id)).job == mine.id  # type: ignore[union-attr]  # as its claim left it
+        # and each waits in the fair queue too: the handed-back job (queued without it, as by a
+        # worker that died between picking and starting it) admitted again; the high one first
+        picked = await store.fair.pick(model, 10, 10_000, {})
+        assert picked[0] == f"{orphan.id}:1" and sorted(picked[1:]) == sorted([f"{lost.id}:1", waiting.id])
     finally:
         await pool.aclose()

@@ -1,5 +1,8 @@
 """The Litestar application."""
 
+import asyncio
+import contextlib
+import functools
 import gc
 
 from litestar import Litestar
@@ -9,6 +12,7 @@ from litestar.di import Provide
 
 from api import openapi
 from api.auth import authorize, check_exposure, check_routes
+from api.batchdriver import BatchDriver
 from api.bodies import StructSchemaFromMsgspec, strict_body
 from api.deps import provide_identity, provide_owner, provide_services
 from api.extension_header import IGNORED_EXTENSIONS_HEADER
@@ -16,16 +20,21 @@ from api.idempotency import HEADER as IDEMPOTENCY_HEADER
 from api.idempotency import REPLAYED_HEADER
 from api.openai import bodydocs as openai_bodies
 from api.problems import HANDLERS, problems_only
+from api.routes import openai_files
 from api.routes.health import healthz, prometheus_metrics, readyz, status
 from api.routes.models import ModelsController
+from api.routes.openai_batches import OpenAIBatchesController
 from api.routes.openai_chat import OpenAIChatController, OpenAIModelsController
 from api.routes.openai_responses import OpenAIResponsesController
 from api.routes.playground import playground
 from api.routes.responses import ResponsesController
 from api.routes.tasks import TasksController
+from api.routes.webhooks import WebhooksController
 from api.services import Services
 from api.version import VersionMiddleware, add_version_header
+from api.webhooks import Webhooks
 from lmsp_core.settings import Settings, load_settings
+from lmsp_core.store import webhooks
 
 # what the official OpenAI SDKs send with every request, so that they work from a browser page too
 OPENAI_SDK_HEADERS = ["X-Stainless-Lang", "X-Stainless-Package-Version", "X-Stainless-OS", "X-Stainless-Arch",
@@ -56,17 +65,25 @@ def create_app(settings: Settings | None = None) -> Litestar:
     async def start(app: Litestar) -> None:
         app.state.services = Services.create(settings)
         app.state.services.limits.start()
+        app.state.webhooks = Webhooks(app.state.services)
+        app.state.webhooks.start()
+        driver = BatchDriver(app.state.services, functools.partial(webhooks.emit, app.state.services.redis))
+        app.state.batches = asyncio.create_task(driver.run(), name="batch-driver")
         # everything loaded so far (modules, routes, schemas) lives as long as the process: take it
         # out of the collector's full passes, which otherwise stall every open stream at once
         gc.freeze()
 
     async def stop(app: Litestar) -> None:
+        app.state.batches.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await app.state.batches
+        await app.state.webhooks.close()
         await app.state.services.close()
 
     app = Litestar(
         route_handlers=[ResponsesController, TasksController, ModelsController, OpenAIResponsesController,
                         OpenAIChatController, OpenAIModelsController, healthz, readyz, prometheus_metrics, status,
-                        playground],
+                        playground, openai_files.controller(settings), OpenAIBatchesController, WebhooksController],
         dependencies={
             "services": Provide(provide_services, sync_to_thread=False),
             "owner": Provide(provide_owner, sync_to_thread=False),

@@ -21,6 +21,7 @@ from litestar import Request
 # Litestar 2 (pinned <3) has its Struct schema plugin only in private modules
 from litestar._openapi.schema_generation import SchemaCreator
 from litestar._openapi.schema_generation.plugins.struct import StructSchemaPlugin
+from litestar.enums import RequestEncodingType
 from litestar.exceptions import SerializationException, ValidationException
 from litestar.openapi.spec import Schema
 from litestar.typing import FieldDefinition
@@ -34,6 +35,8 @@ async def strict_body(request: Request[Any, Any, Any]) -> None:
     field = request.route_handler.parsed_data_field
     if field is None or not field.is_subclass_of(msgspec.Struct) or request.method in {"GET", "HEAD"}:
         return
+    if getattr(field.kwarg_definition, "media_type", RequestEncodingType.JSON) != RequestEncodingType.JSON:
+        return  # a form (a file upload): no JSON to read, and its body may be large
     try:
         body = await request.json()
     except SerializationException:

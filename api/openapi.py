@@ -19,6 +19,7 @@ from api.bodies import StructDoc
 from lmsp_core import wire
 from lmsp_core.requests import extensions
 from lmsp_core.store.tasks import ListCursor
+from lmsp_core.wire import webhooks
 from lmsp_core.wire.errors import PROBLEM_MEDIA_TYPE, problem
 
 TASK_ID = "task_01J8M6Q4W2T7N5R3V9X1Z8B0DF"
@@ -145,10 +146,22 @@ _PROBLEMS: dict[str, tuple[int, str, str]] = {
                                                    "later."),
     "queue_quota_exceeded": (429, "Too Many Requests", f"Principal 'acme' already has 1000 tasks waiting for model "
                                                        f"{MODEL!r} (its max_queued); retry once some have started."),
+    "webhook_not_found": (404, "Not found", "Webhook endpoint 'wh_01J8M6Q4W2T7N5R3V9X1Z8B0DF' does not exist."),
+    "invalid_webhook_url": (400, "Invalid request", "The webhook URL 'ftp://receiver.example/' is not an http or "
+                                                    "https URL."),
+    "webhook_url_not_allowed": (400, "Invalid request", "The webhook URL's host resolves to a private address, "
+                                                        "which this service does not send to."),
+    "unknown_event_type": (400, "Invalid request", "Unknown event type 'response.done'; the types are "
+                                                   "response.completed, ..."),
+    "too_many_webhooks": (400, "Limit exceeded", "Principal 'acme' already has 32 webhook endpoints; delete one "
+                                                 "first."),
 }
 # what the LMSP request body's types alone do not say (api.bodies)
 BODIES: dict[type, StructDoc] = {
     wire.ResponseRequest: StructDoc(fields={"extensions": {"anyOf": [extensions.json_schema(), {"type": "null"}]}}),
+    webhooks.WebhookCreate: StructDoc(fields={"events": {
+        "type": "array", "items": {"enum": list(webhooks.EVENT_TYPES)}, "minItems": 1,
+        "maxItems": len(webhooks.EVENT_TYPES), "description": "the event types to send (a repeat counts once)"}}),
 }
 
 # what every route with a scope may answer: no or a bad token, a token without the scope, the rate limit

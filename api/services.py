@@ -17,6 +17,7 @@ from lmsp_core.requests.catalog import Catalog
 from lmsp_core.settings import Settings
 from lmsp_core.store import connections
 from lmsp_core.store.conversations import ConversationStore
+from lmsp_core.store.files import FileStore
 from lmsp_core.store.tasks import TaskStore
 
 
@@ -31,6 +32,7 @@ class Services:
     conversations: ConversationStore
     replicas: connections.ReplicaWatch
     tokenizers: Tokenizers
+    files: FileStore
     metrics: ApiMetrics = field(default_factory=ApiMetrics)
 
     @classmethod
@@ -40,7 +42,8 @@ class Services:
         return cls(settings=settings, catalog=catalog, redis=redis,
                    tokenizers=Tokenizers(catalog, Path(settings.model_cache)), store=TaskStore(redis, settings),
                    hub=EventHub(redis, settings.sse_heartbeat), limits=Limits(redis, settings),
-                   conversations=ConversationStore(redis, settings), replicas=connections.ReplicaWatch(settings))
+                   conversations=ConversationStore(redis, settings), replicas=connections.ReplicaWatch(settings),
+                   files=FileStore(redis, settings))
 
     async def model_text(self, model_id: str) -> ModelText | None:
         """The model's prompt renderer and grammar tokenizer (``api.tokenizing``)."""

@@ -38,10 +38,12 @@ class Submission(NamedTuple):
 
 
 async def submit(services: Services, request: wire.ResponseRequest, *, kind: Kind, owner: str,
-                 idempotency_key: str | None = None, endpoint: str | None = None) -> Submission:
+                 idempotency_key: str | None = None, endpoint: str | None = None,
+                 batch: str | None = None) -> Submission:
     """Check the request and queue it. Raises LmspError for bad requests and full queues. ``endpoint``
     names the route for ``Idempotency-Key`` fingerprints (default: the kind), so that a key reused on
-    another route is refused even when the requests translate to the same LMSP request."""
+    another route is refused even when the requests translate to the same LMSP request. ``batch``:
+    the batch whose line the task runs."""
     print_ = idempotency.fingerprint(endpoint or kind, request) if idempotency_key else ""
     if idempotency_key and (earlier := await idempotency.lookup(services.redis, owner, idempotency_key, print_)):
         return Submission(await _earlier(services, earlier), True)
@@ -55,7 +57,7 @@ async def submit(services: Services, request: wire.ResponseRequest, *, kind: Kin
         context=None if items is None else wire.encoder.encode(items),
         prompt=None if rendered is None else pack_tokens(rendered.token_ids),
         prompt_card=None if rendered is None else rendered.card_digest, metadata=_metadata(request),
-        cost=_cost(request, spec, rendered),
+        cost=_cost(request, spec, rendered), batch=batch,
     )
     await services.store.create(record)
     if idempotency_key:

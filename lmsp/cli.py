@@ -1,17 +1,22 @@
-"""``lmsp``: run the service (``up``, ``api``, ``worker``), manage its tokens and principals (``token``,
-``principal``) and use it (``run``, ``chat``, ``tasks``, ``models``; their logic is in ``lmsp/commands/``)."""
+"""``lmsp``: run the service (``up``, ``api``, ``worker``), manage its tokens, principals and webhooks
+(``token``, ``principal``, ``webhook``) and use it (``run``, ``chat``, ``tasks``, ``batch``, ``models``; their
+logic is in ``lmsp/commands/``)."""
 
 import argparse
 import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from lmsp import credentials, principals
+from lmsp import credentials, principals, webhooks
 from lmsp_core import logs
 from lmsp_core.settings import Settings, load_settings
 
-CLIENT_COMMANDS = ("run", "chat", "tasks", "models")
+if TYPE_CHECKING:
+    from lmsp.client import Client
+
+CLIENT_COMMANDS = ("run", "chat", "tasks", "batch", "models")
 SERVICE_COMMANDS = ("up", "api", "worker")
 
 
@@ -58,6 +63,7 @@ def _parser() -> argparse.ArgumentParser:
 
     credentials.add_parser(commands)
     principals.add_parser(commands)
+    webhooks.add_parser(commands)
     _client_parsers(commands)
     return parser
 
@@ -88,7 +94,34 @@ def _client_parsers(commands: "argparse._SubParsersAction[argparse.ArgumentParse
         if action == "follow":
             sub.add_argument("--after", type=int, default=0, help="resume after this event id")
 
+    _batch_parsers(commands, service)
     commands.add_parser("models", parents=[service], help="models and their workers")
+
+
+def _batch_parsers(commands: "argparse._SubParsersAction[argparse.ArgumentParser]",
+                   service: argparse.ArgumentParser) -> None:
+    batch = commands.add_parser("batch", help="OpenAI batches: many requests from a JSONL file")
+    actions = batch.add_subparsers(dest="action", required=True)
+    files = argparse.ArgumentParser(add_help=False)
+    files.add_argument("--output", type=Path, metavar="PATH", help="where to save the output file")
+    files.add_argument("--errors", type=Path, metavar="PATH", help="where to save the error file, if any")
+    create = actions.add_parser("create", parents=[service, files],
+                                help="upload a JSONL file of requests, run it and save what it wrote (default: "
+                                     "FILE.output.jsonl and FILE.errors.jsonl next to it)")
+    create.add_argument("file", type=Path, metavar="FILE",
+                        help='one request a line: {"custom_id", "method": "POST", "url": ENDPOINT, "body"}')
+    create.add_argument("--endpoint", required=True, metavar="/v1/chat/completions|/v1/responses")
+    create.add_argument("--window", default="24h", help="completion window: 24h or shorter (1h, 30m, 90s)")
+    create.add_argument("--no-wait", dest="wait", action="store_false",
+                        help="print the batch id and return; the batch runs on")
+    wait = actions.add_parser("wait", parents=[service, files],
+                              help="wait for a batch and save its files (default: ID.output.jsonl, ID.errors.jsonl)")
+    wait.add_argument("batch_id")
+    listing = actions.add_parser("list", parents=[service], help="your batches, newest first")
+    listing.add_argument("--limit", type=int, default=20)
+    listing.add_argument("--all", action="store_true", help="every page")
+    for action, text in (("show", "a batch, one line a field"), ("cancel", "cancel a batch")):
+        actions.add_parser(action, parents=[service], help=text).add_argument("batch_id")
 
 
 def _client_main(args: argparse.Namespace) -> int:
@@ -98,6 +131,8 @@ def _client_main(args: argparse.Namespace) -> int:
     with Client(args.url, token=args.token) as client:
         if args.command == "models":
             return models.models(client)
+        if args.command == "batch":
+            return _batch_main(client, args)
         if args.command == "tasks":
             if args.action == "list":
                 return tasks.list_tasks(client, args.limit, args.all)
@@ -110,6 +145,20 @@ def _client_main(args: argparse.Namespace) -> int:
         if args.command == "chat":
             return chat.chat(client, model, args.system, **options)
         return run.run(client, model, run.prompt_text(args.prompt), task=args.task, **options)
+
+
+def _batch_main(client: "Client", args: argparse.Namespace) -> int:
+    from lmsp.commands import batches
+
+    if args.action == "create":
+        paths = batches.Paths.beside(args.file, args.output, args.errors)
+        return batches.create(client, args.file, args.endpoint, args.window, paths, args.wait)
+    if args.action == "wait":
+        return batches.follow(client, args.batch_id, batches.Paths.beside(Path(args.batch_id), args.output,
+                                                                          args.errors))
+    if args.action == "list":
+        return batches.list_batches(client, args.limit, args.all)
+    return batches.show(client, args.batch_id) if args.action == "show" else batches.cancel(client, args.batch_id)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -155,6 +204,8 @@ def _service_main(args: argparse.Namespace) -> int:
         return credentials.run(args, settings)
     elif args.command == "principal":
         return principals.run(args, settings)
+    elif args.command == "webhook":
+        return webhooks.run(args, settings)
     elif args.command == "up":
         from lmsp.up import up
 

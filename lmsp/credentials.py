@@ -24,7 +24,7 @@ def add_parser(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") 
     create = actions.add_parser("create", help="create a token and print it once")
     create.add_argument("--principal", required=True, help="the tenant that owns what the token creates")
     create.add_argument("--scopes", required=True, help="comma-separated, of: models:read, responses:write, "
-                        "responses:read, tasks:write, tasks:read")
+                        "responses:read, tasks:write, tasks:read, webhooks:manage")
     listing = actions.add_parser("list", help="list tokens (ids, principals, scopes; never the tokens)")
     revoke = actions.add_parser("revoke", help="revoke a token by id")
     revoke.add_argument("token_id", metavar="ID")

@@ -75,11 +75,18 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     idempotency_ttl: Seconds = 86400.0
     # stored responses (store: true), counted from the last turn that continued their conversation
     response_retention: Seconds = 30 * 86400.0
+    # OpenAI's files (/v1/files, docs/protocol.md, "Files (OpenAI)"), counted from their upload, as
+    # OpenAI keeps batch files
+    file_retention: Seconds = 30 * 86400.0
     # request limits
     max_body_bytes: Annotated[int, Meta(ge=1024)] = 4 * 1024 * 1024
     max_input_items: Annotated[int, Meta(ge=1)] = 1024
     max_tools: Annotated[int, Meta(ge=0)] = 128
     max_input_chars: Annotated[int, Meta(ge=1)] = 1_000_000
+    # an uploaded file (POST /v1/files, which alone may exceed max_body_bytes), and the requests
+    # (non-blank lines) of a batch input file
+    max_file_bytes: Annotated[int, Meta(ge=1024)] = 100 * 1024 * 1024
+    max_batch_lines: Annotated[int, Meta(ge=1)] = 50_000
     # per principal (docs/protocol.md, "Limits"): requests per rate window (fixed window), open SSE
     # streams; 0: no limit. Unset: 600 and 32 with tokens, no limit with auth "none", whose one
     # principal is every local client: limits that keep tenants apart would only throttle it
@@ -97,6 +104,18 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     # start jobs in score order whoever owns them, and weights and quotas are not applied. Set it
     # alike on every API process and worker.
     fair_share: bool = True
+    # a batch's lines that are tasks not yet ended, at most (docs/protocol.md, "Batches"): the rest
+    # wait in the batch, so the queue stays short and interactive work is not buried
+    batch_in_flight: Annotated[int, Meta(ge=1)] = 64
+    # webhooks (docs/protocol.md, "Webhooks"): targets whose address is loopback, link-local, private,
+    # unspecified, multicast or otherwise not global are refused unless this is set (a receiver on
+    # this host or its network; tests)
+    webhook_allow_private: bool = False
+    # seconds between a failed delivery attempt and the next, comma-separated: one retry each, then
+    # the delivery fails (Standard Webhooks' schedule: about a day in all)
+    webhook_retry_delays: str = "5,300,1800,7200,18000,36000,36000"
+    # one attempt in all (resolving, connecting, sending, reading the answer)
+    webhook_timeout: Annotated[float, Meta(gt=0, le=60)] = 10.0
     # principals per model with series of their own in /metrics and rows in /status; the rest are summed as "~other"
     metrics_principals: Annotated[int, Meta(ge=1)] = 20
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
@@ -104,6 +123,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
 
     def __post_init__(self) -> None:
         parse_sentinels(self.redis_sentinels)  # a malformed list fails at start-up, not at the first use
+        parse_delays(self.webhook_retry_delays)
 
     @property
     def sentinel_addresses(self) -> list[tuple[str, int]]:
@@ -155,6 +175,11 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
             return False
 
     @property
+    def webhook_retry_schedule(self) -> list[float]:
+        """The seconds before each retry of a failed webhook delivery (``webhook_retry_delays``)."""
+        return parse_delays(self.webhook_retry_delays)
+
+    @property
     def cors_origin_list(self) -> list[str]:
         return [origin.strip() for origin in self.cors_origins.split(",") if origin.strip()]
 
@@ -171,6 +196,20 @@ def parse_sentinels(text: str) -> list[tuple[str, int]]:
             raise ValueError(f"redis_sentinels: {entry!r} is not host:port")
         addresses.append((host.removeprefix("[").removesuffix("]"), int(port)))
     return addresses
+
+
+def parse_delays(text: str) -> list[float]:
+    """``5,300,1800`` as seconds; empty: no retry. Raises ValueError for anything else."""
+    delays = []
+    for entry in filter(None, (part.strip() for part in text.split(","))):
+        try:
+            delay = float(entry)
+        except ValueError:
+            delay = -1.0
+        if not 0 < delay <= 7 * 86400:
+            raise ValueError(f"webhook_retry_delays: {entry!r} is not a number of seconds (0 < s <= 604800)")
+        delays.append(delay)
+    return delays
 
 
 def load_settings(environ: dict[str, str] | None = None, **overrides: Any) -> Settings:

@@ -7,6 +7,7 @@ Test files import from here (or from ``tests/engine/support.py``, ``tests/unit/t
 
 import asyncio
 import contextlib
+import http.server
 import json
 import os
 import shutil
@@ -15,6 +16,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -420,6 +422,15 @@ OPENAI_ROUTES: list[tuple[str, str, str | None]] = [
     ("POST", "/v1/chat/completions", credentials.RESPONSES_WRITE),
     ("GET", "/v1/models", credentials.MODELS_READ),
     ("GET", "/v1/models/{model}", credentials.MODELS_READ),
+    ("POST", "/v1/files", credentials.TASKS_WRITE),
+    ("GET", "/v1/files", credentials.TASKS_READ),
+    ("GET", "/v1/files/{file_id}", credentials.TASKS_READ),
+    ("GET", "/v1/files/{file_id}/content", credentials.TASKS_READ),
+    ("DELETE", "/v1/files/{file_id}", credentials.TASKS_WRITE),
+    ("POST", "/v1/batches", credentials.TASKS_WRITE),
+    ("GET", "/v1/batches", credentials.TASKS_READ),
+    ("GET", "/v1/batches/{batch_id}", credentials.TASKS_READ),
+    ("POST", "/v1/batches/{batch_id}/cancel", credentials.TASKS_WRITE),
 ]
 
 
@@ -549,3 +560,58 @@ def hf_cache(root: Path, repo: str, model: Path, revision: str = "0" * 40) -> Pa
     (storage / "refs").mkdir()
     (storage / "refs" / "main").write_text(revision)
     return root
+
+
+class Received(msgspec.Struct, frozen=True):
+    """One request a ``Receiver`` got: its path, headers (lower-case names) and body."""
+
+    path: str
+    headers: dict[str, str]
+    body: bytes
+
+
+class Receiver:
+    """A webhook receiver: an HTTP server in a thread of the test process that keeps every POST and
+    answers each with the next of ``answers`` (200 once they run out), after ``delay`` seconds."""
+
+    def __init__(self) -> None:
+        self.received: list[Received] = []
+        self.answers: list[int] = []
+        self.delay = 0.0
+        receiver = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                receiver.received.append(Received(self.path, {k.lower(): v for k, v in self.headers.items()}, body))
+                time.sleep(receiver.delay)
+                status = receiver.answers.pop(0) if receiver.answers else 200
+                self.send_response(status)
+                self.send_header("Content-Length", "2")
+                self.end_headers()
+                self.wfile.write(b"ok")
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    async def wait(self, count: int, timeout: float = 60) -> list[Received]:
+        """The first ``count`` requests, once there are as many."""
+        await wait_for(lambda: _now(len(self.received) >= count), timeout, f"{count} webhook requests")
+        return self.received[:count]
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+async def _now(value: Any) -> Any:
+    return value

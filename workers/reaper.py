@@ -5,7 +5,8 @@ that nobody renews, and arq would re-run their jobs only when its own in-progres
 (the job time limit plus a minute). Every worker therefore reaps, for its models: it takes the due
 entries of the index of unfinished tasks (``lmsp_core.store.taskindex``), reads each task's hash and
 
-- drops the entry of a task that is final or gone;
+- drops the entry of a task that is final or gone, announcing a final one's end
+  (``lmsp_core.store.finished``: its worker may have died before it did);
 - looks again when the lease of a running task would lapse;
 - gives a task that nobody holds (queued, or in progress with a lapsed lease) a fresh arq job at
   the task's own place in the queue (its creation time and priority), unless its current job still
@@ -29,7 +30,7 @@ from redis.exceptions import RedisError
 from lmsp_core import wire
 from lmsp_core.requests import extensions
 from lmsp_core.settings import Settings
-from lmsp_core.store import fairqueue, keys, queue
+from lmsp_core.store import fairqueue, finished, keys, queue
 from lmsp_core.store.tasks import TaskRecord, TaskStore
 
 logger = logging.getLogger(__name__)
@@ -77,12 +78,15 @@ class Reaper:
             states = await pipe.execute()
         next_look: dict[str, int] = {}
         drop: list[str] = []
+        ended: list[str] = []
         orphans: dict[str, str] = {}  # task id -> its current job
         held_here = self.held_here()
         for task_id, (status, lease_until, job) in zip(due, states, strict=True):
             lease_end = int(lease_until or 0)
             if status is None or status.decode() in wire.FINAL_STATUSES:
                 drop.append(task_id)
+                if status is not None:
+                    ended.append(task_id)
             elif status == b"in_progress" and lease_end >= now:
                 next_look[task_id] = lease_end + 1
             elif task_id in held_here:
@@ -91,6 +95,8 @@ class Reaper:
                 orphans[task_id] = job.decode() if job else task_id
         for task_id in await self._requeue(model_id, orphans):
             next_look[task_id] = now + self.recheck_ms
+        # announced before the entry goes: a reaper that dies in between leaves it to the next one
+        await finished.announce(self.pool, ended)
         await self.store.index.settle(model_id, next_look, drop)
         return due
 

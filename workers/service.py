@@ -19,7 +19,7 @@ from redis.exceptions import RedisError
 
 from lmsp_core import wire
 from lmsp_core.settings import Settings
-from lmsp_core.store import keys, metrics, queue, registry
+from lmsp_core.store import finished, keys, metrics, queue, registry
 from lmsp_core.store.principals import SettingsCache
 from lmsp_core.store.tasks import ClaimOutcome, TaskRecord, TaskStore
 from lmsp_core.wire.errors import GenerationFailed
@@ -110,6 +110,7 @@ class WorkerService:
         claim = await self.store.claim(record, self.info.id, job_id, lease, failure, await self._last_output(record))
         if claim.outcome is ClaimOutcome.EXHAUSTED:
             self.metrics.count(metrics.FINISHED, (record.model, "failed"))
+            await self._announce(task_id)
         if claim.outcome is not ClaimOutcome.CLAIMED:
             return claim.outcome.value
         if claim.attempts == 1:
@@ -120,7 +121,9 @@ class WorkerService:
         handed_back = False
         try:
             history = await load_history(self.redis, task_id, record.response_id, claim.last_event_id)
-            return await run.execute(history, claim.cancel_requested)
+            outcome = await run.execute(history, claim.cancel_requested)
+            await self._announce(task_id)
+            return outcome
         except asyncio.CancelledError:
             handed_back = True
             await asyncio.shield(self._hand_back(run, record.model))
@@ -131,6 +134,14 @@ class WorkerService:
             self.jobs.pop(task_id, None)
             async with self._changed:
                 self._changed.notify_all()
+
+    async def _announce(self, task_id: str) -> None:
+        """Tell the API that the task ended (``lmsp_core.store.finished``); if Redis is away, the
+        reaper tells it when it drops the final task from its index."""
+        try:
+            await finished.announce(self.redis, [task_id])
+        except (RedisError, OSError) as exc:
+            logger.warning("task %s: could not announce its end (%s)", task_id, type(exc).__name__)
 
     async def _last_output(self, record: TaskRecord) -> list[wire.OutputItem]:
         """What the task's stored events delivered, when this claim is the one that gives it up (its

@@ -10,16 +10,20 @@ from litestar.openapi.spec import Example, Operation
 
 from api import openapi as doc
 from api import streamdoc
+from api.openai import batches as ob
 from api.openai import objects as oa
 from api.openai import requests as rq
 from api.openai.chat import ChunkRenderer, completion
 from api.openai.errors import MEDIA_TYPE, ErrorObject, error_object
+from api.openai.files import FileDeleted, file_list, file_object
 from api.openai.inputitems import input_items, page
 from api.openai.rendering import ResponseView, render_all, response_object
 from api.openai.streams import DONE, data_frame, event_frames
 from lmsp_core import wire
 from lmsp_core.store import eventlog
+from lmsp_core.store.batches import BatchRecord
 from lmsp_core.store.conversations import StoredResponse
+from lmsp_core.store.files import FileRecord
 from lmsp_core.store.tasks import Kind, TaskRecord
 from lmsp_core.wire.errors import problem
 
@@ -54,6 +58,24 @@ _TURN = StoredResponse(response_id=doc.RESPONSE_ID, task_id=doc.TASK_ID, owner="
                        created_at=1794200000, input=doc.REQUEST.input)
 INPUT_ITEMS = page(input_items(_TURN), limit=20, order="desc", after=None)
 DELETED = wire.DeletedResponse(id=doc.RESPONSE_ID)
+_FILE_ID = "file_01J8M6Q4W2T7N5R3V9X1Z8B0DF"
+_FILE = FileRecord(id=_FILE_ID, owner="local", purpose="batch", filename="requests.jsonl", bytes=18_604,
+                   created_at=1794200000, expires_at=1796792000, lines=100)
+FILE = file_object(_FILE)
+FILE_LIST = file_list([_FILE], has_more=False)
+FILE_DELETED = FileDeleted(id=_FILE_ID)
+_BATCH_ID = "batch_01J8M6Q4W2T7N5R3V9X1Z8B0DF"
+_INPUT_FILE = "file_01J8M6Q4W2T7N5R3V9X1Z8B0DF"
+BATCH = ob.batch_object(BatchRecord(
+    id=_BATCH_ID, owner="local", endpoint="/v1/chat/completions", input_file_id=_INPUT_FILE,
+    completion_window="24h", status="completed", created_at=1794200000, expires_at=1794286400, total=1000,
+    started=1000, completed=998, failed=2, in_progress_at=1794200001, finalizing_at=1794200900,
+    completed_at=1794200901, output_file_id="file_01J8M6Q4W2T7N5R3V9X1Z8B0DG",
+    error_file_id="file_01J8M6Q4W2T7N5R3V9X1Z8B0DH"))
+BATCH_LIST = ob.BatchList(data=[BATCH], first_id=_BATCH_ID, last_id=_BATCH_ID, has_more=False)
+BATCH_REQUESTS = [doc.example("Chat completions, within a day", ob.BatchCreate(
+    input_file_id=_INPUT_FILE, endpoint="/v1/chat/completions", completion_window="24h",
+    metadata={"job": "nightly-summaries"}))]
 
 RESPONSES_REQUESTS = [
     doc.example("A short answer", rq.ResponsesRequest(model=doc.MODEL, input="Describe a local model service.",
@@ -89,13 +111,19 @@ _ERRORS: dict[str, tuple[int, str, str | None]] = {
     "unsupported_value": (400, "One choice is returned (n: 1).", "n"),
     "context_length_exceeded": (400, "The prompt has 9000 tokens; the context window of model "
                                      f"{doc.MODEL!r} is 8192 tokens.", "input"),
+    "invalid_file_format": (400, "Line 3 of the file is not a JSON object.", "file"),
+    "too_many_lines": (400, "The file has more than 50000 requests (non-blank lines); split it into several "
+                              "batches.", "file"),
     "not_cancellable": (400, "Only background responses can be cancelled.", None),
     "unauthorized": (401, "This operation needs a bearer token: Authorization: Bearer <token>.", None),
     "insufficient_scope": (403, "This operation needs the 'responses:write' scope.", None),
     "model_not_found": (404, "Model 'no-such-model' does not exist.", "model"),
+    "batch_not_found": (404, f"Batch {_BATCH_ID!r} does not exist.", None),
+    "file_not_found": (404, "File 'file_01J8M6Q4W2T7N5R3V9X1Z8B0DF' does not exist.", None),
     "response_not_found": (404, f"Response {doc.RESPONSE_ID!r} does not exist (or was not stored, or has "
                                 "expired).", None),
     "event_history_expired": (410, "The events of this response have expired; retrieve it without stream.", None),
+    "file_too_large": (413, "The file is larger than this service accepts (104857600 bytes).", "file"),
     "idempotency_key_reused": (422, "This Idempotency-Key was already used with a different request.", None),
     "rate_limited": (429, "More than 600 requests in 60 s; retry later.", None),
     "too_many_streams": (429, "This principal already has 32 open streams.", None),

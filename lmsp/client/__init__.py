@@ -7,12 +7,15 @@
         task = client.tasks.create(model="smollm2:135m-instruct", input="Write a poem.")
         for event in client.tasks.events(task.id):  # resumes by itself after a dropped connection
             print(event.delta, end="")
+        batch, output, errors = client.batches.run("requests.jsonl", endpoint="/v1/chat/completions")
 
-Responses, tasks and models are the wire Structs of ``lmsp_core.wire``; events are ``Event``; problem
-documents become ``errors.APIStatusError`` subclasses.
+Responses, tasks and models are the wire Structs of ``lmsp_core.wire``; events are ``Event``; files and
+batches are the Structs of ``lmsp.client.batches`` (OpenAI's objects); problem documents and OpenAI's
+error objects become ``errors.APIStatusError`` subclasses.
 """
 
 from lmsp.client.aio import AsyncClient
+from lmsp.client.batches import Batch, BatchResult, FileObject, RequestCounts
 from lmsp.client.common import DEFAULT_URL, Event, Reconnects
 from lmsp.client.errors import (
     APIConnectionError,
@@ -33,6 +36,7 @@ from lmsp.client.sync import Client
 
 __all__ = [
     "DEFAULT_URL", "APIConnectionError", "APIStatusError", "AsyncClient", "AuthenticationError", "BadRequestError",
-    "Client", "ConflictError", "Event", "EventHistoryExpired", "LmspClientError", "NotFoundError",
-    "PermissionDeniedError", "RateLimitError", "Reconnects", "ServerError", "ServiceUnavailableError", "StreamError",
+    "Batch", "BatchResult", "Client", "ConflictError", "Event", "EventHistoryExpired", "FileObject", "LmspClientError",
+    "NotFoundError", "PermissionDeniedError", "RateLimitError", "Reconnects", "RequestCounts", "ServerError",
+    "ServiceUnavailableError", "StreamError",
 ]

@@ -19,6 +19,7 @@ DEFAULT_URL = "http://127.0.0.1:8000"
 DEFAULT_TIMEOUT = httpx.Timeout(60.0, connect=10.0)
 
 InputLike = str | Sequence[wire.InputItem | Mapping[str, Any]]
+Form = tuple[dict[str, Any], dict[str, str]]  # a multipart body: httpx's ``files`` and ``data``
 
 EVENT_TYPES: dict[str, type[msgspec.Struct]] = {
     wire.CREATED: wire.ResponseCreated,

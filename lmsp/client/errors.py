@@ -1,5 +1,6 @@
-"""The client's exceptions. A problem document (RFC 9457) from the service becomes an
-``APIStatusError`` subclass chosen by its HTTP status, carrying the typed problem and its ``code``.
+"""The client's exceptions. A problem document (RFC 9457) from the service, or OpenAI's error object
+from its ``/v1`` routes, becomes an ``APIStatusError`` subclass chosen by its HTTP status, carrying
+the typed problem and its ``code`` (the same code either way).
 
     LmspClientError
     ├── APIConnectionError           the service could not be reached (or kept dropping a stream)
@@ -38,11 +39,14 @@ class StreamError(LmspClientError):
 
 
 class APIStatusError(LmspClientError):
-    def __init__(self, problem: wire.Problem, headers: httpx.Headers) -> None:
+    """``param`` is the request parameter at fault, where an OpenAI error object names one."""
+
+    def __init__(self, problem: wire.Problem, headers: httpx.Headers, param: str | None = None) -> None:
         super().__init__(f"{problem.status} {problem.code}: {problem.detail}")
         self.problem = problem
         self.status = problem.status
         self.code = problem.code
+        self.param = param
         self.headers = headers
 
     @property
@@ -97,13 +101,40 @@ _BY_STATUS: dict[int, type[APIStatusError]] = {
 }
 
 
+class _OpenAIErrorBody(msgspec.Struct, frozen=True):
+    message: str
+    type: str | None = None
+    param: str | None = None
+    code: str | None = None
+
+
+class _OpenAIError(msgspec.Struct, frozen=True):
+    """OpenAI's error object, the error answer of the ``/v1`` routes."""
+
+    error: _OpenAIErrorBody
+
+
+_BAD_BODY = (msgspec.DecodeError, msgspec.ValidationError)
+
+
 def status_error(status: int, headers: httpx.Headers, body: bytes) -> APIStatusError:
-    """The exception for a non-2xx answer; a body that is not a problem document still gets one."""
+    """The exception for a non-2xx answer; a body that is neither a problem document nor an OpenAI
+    error object still gets one."""
+    param = None
     try:
         problem = msgspec.json.decode(body, type=wire.Problem)
-    except (msgspec.DecodeError, msgspec.ValidationError):
-        text = body.decode(errors="replace").strip()[:500] or "no body"
-        problem = wire.Problem(type="about:blank", title="HTTP error", status=status, detail=text,
-                               code=f"http_{status}")
+    except _BAD_BODY:
+        try:
+            problem, param = _from_openai(status, msgspec.json.decode(body, type=_OpenAIError).error)
+        except _BAD_BODY:
+            text = body.decode(errors="replace").strip()[:500] or "no body"
+            problem = wire.Problem(type="about:blank", title="HTTP error", status=status, detail=text,
+                                   code=f"http_{status}")
     cls = _BY_STATUS.get(status, ServerError if status >= 500 else APIStatusError)
-    return cls(problem, headers)
+    return cls(problem, headers, param)
+
+
+def _from_openai(status: int, error: _OpenAIErrorBody) -> tuple[wire.Problem, str | None]:
+    problem = wire.Problem(type="about:blank", title=error.type or "HTTP error", status=status, detail=error.message,
+                           code=error.code or f"http_{status}")
+    return problem, error.param

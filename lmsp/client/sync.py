@@ -1,4 +1,5 @@
-"""The blocking client: ``Client(url, token=...)`` with ``responses``, ``tasks`` and ``models``."""
+"""The blocking client: ``Client(url, token=...)`` with ``responses``, ``tasks``, ``models``, and
+OpenAI's ``files`` and ``batches``."""
 
 import time
 from collections.abc import Generator, Iterator
@@ -9,9 +10,10 @@ from typing import Any
 import httpx
 from httpx_sse import connect_sse
 
-from lmsp.client import common
-from lmsp.client.common import Event, EventDecoder, InputLike, Reconnects
-from lmsp.client.errors import APIConnectionError, EventHistoryExpired, StreamError, status_error
+from lmsp.client import batches, common
+from lmsp.client.batches import Batch, BatchList, BatchResult, FileObject, FileSource, Progress
+from lmsp.client.common import Event, EventDecoder, Form, InputLike, Reconnects
+from lmsp.client.errors import APIConnectionError, APIStatusError, EventHistoryExpired, StreamError, status_error
 from lmsp_core import wire
 
 
@@ -25,12 +27,17 @@ class Client:
         self.responses = Responses(self)
         self.tasks = Tasks(self)
         self.models = Models(self)
+        self.files = Files(self)
+        self.batches = Batches(self)
 
     def request(self, method: str, path: str, *, content: bytes | None = None,
-                params: dict[str, Any] | None = None) -> bytes:
+                params: dict[str, Any] | None = None, form: Form | None = None) -> bytes:
+        """``content`` is a JSON body; ``form`` a multipart one (``files``, ``data``)."""
         headers = {"Content-Type": "application/json"} if content is not None else None
+        files, data = form or (None, None)
         try:
-            response = self.http.request(method, path, content=content, params=params, headers=headers)
+            response = self.http.request(method, path, content=content, params=params, headers=headers,
+                                          files=files, data=data)
         except httpx.TransportError as exc:
             raise APIConnectionError(f"{method} {path}: {exc!r}") from exc
         if response.status_code >= 400:
@@ -219,3 +226,85 @@ class Models:
         model: wire.ModelObject = common.decode(self._client.request("GET", f"/lmsp/v1/models/{model_id}"),
                                                 wire.ModelObject)
         return model
+
+
+class Files:
+    """OpenAI's Files API (``/v1/files``): the input and output files of batches."""
+
+    def __init__(self, client: Client) -> None:
+        self._client = client
+
+    def upload(self, source: FileSource, *, purpose: str = "batch", filename: str | None = None) -> FileObject:
+        """Upload a file's content (a path, or bytes named ``filename``)."""
+        form = batches.upload_form(source, purpose, filename)
+        uploaded: FileObject = common.decode(self._client.request("POST", batches.FILES, form=form), FileObject)
+        return uploaded
+
+    def get(self, file_id: str) -> FileObject:
+        found: FileObject = common.decode(self._client.request("GET", batches.file_path(file_id)), FileObject)
+        return found
+
+    def content(self, file_id: str) -> bytes:
+        return self._client.request("GET", f"{batches.file_path(file_id)}/content")
+
+    def delete(self, file_id: str) -> None:
+        self._client.request("DELETE", batches.file_path(file_id))
+
+
+class Batches:
+    """OpenAI's Batch API (``/v1/batches``): many requests from one JSONL file, run as tasks."""
+
+    def __init__(self, client: Client) -> None:
+        self._client = client
+
+    def create(self, *, input_file_id: str, endpoint: str, completion_window: str = "24h",
+               metadata: dict[str, str] | None = None) -> Batch:
+        body = batches.create_body(input_file_id, endpoint, completion_window, metadata)
+        return self._batch(self._client.request("POST", batches.BATCHES, content=body))
+
+    def get(self, batch_id: str) -> Batch:
+        return self._batch(self._client.request("GET", batches.batch_path(batch_id)))
+
+    def cancel(self, batch_id: str) -> Batch:
+        return self._batch(self._client.request("POST", f"{batches.batch_path(batch_id)}/cancel"))
+
+    def list(self, *, limit: int = 20, after: str | None = None) -> BatchList:
+        """The caller's batches, newest first; ``after`` is the last id of the previous page."""
+        raw = self._client.request("GET", batches.BATCHES, params=batches.list_params(limit, after))
+        page: BatchList = common.decode(raw, BatchList)
+        return page
+
+    def wait(self, batch_id: str, *, poll: float = 1.0, on_progress: Progress | None = None) -> Batch:
+        """Poll the batch every ``poll`` seconds until it ends; ``on_progress`` gets it at each change."""
+        watch = batches.Watch(on_progress)
+        while True:
+            try:
+                batch = self.get(batch_id)
+            except (APIConnectionError, APIStatusError) as exc:
+                time.sleep(watch.failed(exc))
+                continue
+            if watch.seen(batch):
+                return batch
+            time.sleep(poll)
+
+    def results(self, batch: Batch) -> BatchResult:
+        """The batch with the content of its output and error files (``b""`` for one it has not)."""
+        files = self._client.files
+        output = files.content(batch.output_file_id) if batch.output_file_id else b""
+        errors = files.content(batch.error_file_id) if batch.error_file_id else b""
+        return BatchResult(batch, output, errors)
+
+    def run(self, source: FileSource, *, endpoint: str, completion_window: str = "24h",
+            metadata: dict[str, str] | None = None, poll: float = 1.0,
+            on_progress: Progress | None = None) -> BatchResult:
+        """Upload ``source`` (a JSONL path or bytes), run it as a batch, wait for the end and download
+        what it wrote."""
+        uploaded = self._client.files.upload(source, purpose="batch")
+        batch = self.create(input_file_id=uploaded.id, endpoint=endpoint, completion_window=completion_window,
+                            metadata=metadata)
+        return self.results(self.wait(batch.id, poll=poll, on_progress=on_progress))
+
+    @staticmethod
+    def _batch(raw: bytes) -> Batch:
+        batch: Batch = common.decode(raw, Batch)
+        return batch

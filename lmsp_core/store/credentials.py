@@ -31,9 +31,10 @@ RESPONSES_WRITE = "responses:write"
 RESPONSES_READ = "responses:read"
 TASKS_WRITE = "tasks:write"
 TASKS_READ = "tasks:read"
+WEBHOOKS_MANAGE = "webhooks:manage"  # a principal's webhook endpoints and their deliveries
 TOOLS_EXECUTE = "tools:execute"  # reserved by LMSP 1.0 (6.5): this service never grants it
 
-GRANTABLE = (MODELS_READ, RESPONSES_WRITE, RESPONSES_READ, TASKS_WRITE, TASKS_READ)
+GRANTABLE = (MODELS_READ, RESPONSES_WRITE, RESPONSES_READ, TASKS_WRITE, TASKS_READ, WEBHOOKS_MANAGE)
 RESERVED = frozenset({TOOLS_EXECUTE})
 
 PRINCIPAL_PATTERN = r"^[A-Za-z0-9._-]{1,64}$"

@@ -126,6 +126,68 @@ def worker(worker_id: str) -> str:
     return f"{PREFIX}:worker:{worker_id}"
 
 
+# --- batches (``lmsp_core.store.batches``): one hash tag per batch ----------------------------------
+
+
+def batch(batch_id: str) -> str:
+    """Hash: a batch (what was asked, status, timestamps, counters)."""
+    return f"{PREFIX}:batch:{{{batch_id}}}"
+
+
+def batch_lines(batch_id: str) -> str:
+    """List: the batch's input lines, one entry a line."""
+    return f"{PREFIX}:batch:{{{batch_id}}}:lines"
+
+
+def batch_tasks(batch_id: str) -> str:
+    """Hash: line number -> the task of that line."""
+    return f"{PREFIX}:batch:{{{batch_id}}}:tasks"
+
+
+def batch_open(batch_id: str) -> str:
+    """Set: the line numbers whose task has not ended."""
+    return f"{PREFIX}:batch:{{{batch_id}}}:open"
+
+
+def batch_results(batch_id: str) -> str:
+    """Hash: line number -> its output or error line (JSON), written once."""
+    return f"{PREFIX}:batch:{{{batch_id}}}:results"
+
+
+def owner_batches(owner: str) -> str:
+    """Sorted set: an owner's batch ids by creation time (ms), for listing."""
+    return f"{PREFIX}:owner:{owner}:batches"
+
+
+def batches_due() -> str:
+    """Sorted set: batch id -> when a driver should next look at it (server ms)."""
+    return f"{PREFIX}:batches:due"
+
+
+# --- files (``lmsp_core.store.files``, OpenAI's /v1/files): one hash tag per file ---------------
+
+
+def file(file_id: str) -> str:
+    """Hash: a file's record (owner, purpose, filename, bytes, created_at, expires_at, lines)."""
+    return f"{PREFIX}:file:{{{file_id}}}"
+
+
+def file_content(file_id: str) -> str:
+    """List: a file's content in chunks (``files.CHUNK_BYTES`` each, the last one shorter)."""
+    return f"{PREFIX}:file:{{{file_id}}}:content"
+
+
+def file_staging(file_id: str, nonce: str) -> str:
+    """List: content being written, renamed to ``file_content`` when the record is written."""
+    return f"{PREFIX}:file:{{{file_id}}}:staging:{nonce}"
+
+
+def owner_files(owner: str) -> str:
+    """Sorted set: an owner's file ids by creation time (ms), for listing; entries whose record
+    expired are dropped when a listing meets them."""
+    return f"{PREFIX}:owner:{owner}:files"
+
+
 # --- security: credentials (bearer tokens), idempotency, rate and stream limits ---------------
 # Credential keys share the hash tag ``{auth}`` so that creating or revoking a token (the token and
 # the index together) is one transaction on Redis Cluster too. Tokens are few; one slot is fine.
@@ -159,6 +221,49 @@ def rate(principal: str) -> str:
 def streams(principal: str) -> str:
     """Sorted set: a principal's open SSE streams (member per stream, score: its lease expiry, ms)."""
     return f"{PREFIX}:streams:{principal}"
+
+
+# --- webhooks (``lmsp_core.store.webhooks``) ------------------------------------------------------
+# Their keys share the hash tag ``{webhooks}`` so that creating a delivery (its record, its
+# endpoint's list and the due index) is one script on Redis Cluster too. Endpoints are few and
+# deliveries small; one slot is fine.
+
+
+def finished() -> str:
+    """Stream: the ids of tasks that ended, added at least once (by the worker that ended a task, the
+    API that cancelled a queued one, the reaper that drops a final task from its index); the API
+    processes read it in one consumer group and turn each into webhook events."""
+    return f"{PREFIX}:finished"
+
+
+def webhook(endpoint_id: str) -> str:
+    """String: JSON of a webhook endpoint (owner, url, event types, signing secret, created_at)."""
+    return f"{PREFIX}:{{webhooks}}:endpoint:{endpoint_id}"
+
+
+def owner_webhooks(owner: str) -> str:
+    """Sorted set: a principal's endpoint ids by creation time (ms)."""
+    return f"{PREFIX}:{{webhooks}}:owner:{owner}"
+
+
+def all_webhooks() -> str:
+    """Sorted set: every endpoint id by creation time (ms), for ``lmsp webhook list``."""
+    return f"{PREFIX}:{{webhooks}}:endpoints"
+
+
+def webhook_deliveries(endpoint_id: str) -> str:
+    """Sorted set: an endpoint's delivery ids by creation time (server ms), capped in length."""
+    return f"{PREFIX}:{{webhooks}}:endpoint:{endpoint_id}:deliveries"
+
+
+def delivery(delivery_id: str) -> str:
+    """Hash: one event for one endpoint (the body as first signed, status, attempts)."""
+    return f"{PREFIX}:{{webhooks}}:delivery:{delivery_id}"
+
+
+def deliveries_due() -> str:
+    """Sorted set: pending delivery id -> when its next attempt is due (server ms)."""
+    return f"{PREFIX}:{{webhooks}}:due"
 
 
 # --- arq's own keys of a job, spelled here for the reaper, which removes those of a dead job ------

@@ -8,7 +8,8 @@ Events go into the stream in their stored form (``eventlog.pack``): callers pack
 Each script has one caller, which builds its arguments and turns its reply into a typed result:
 ``tasks.TaskStore`` (CLAIM, CANCEL, RENEW, RELEASE, REQUEUE), ``eventstore.EventStore`` (APPEND)
 ``taskindex.ActiveIndex`` (INDEX_ADD, INDEX_TAKE) and ``fairqueue.FairQueue`` (FAIR_*). Nothing
-else calls them.
+else calls them, but for the due indexes of other stores, which add and take entries as the index
+of unfinished tasks does (INDEX_ADD, INDEX_TAKE: ``batches.BatchStore``, ``webhooks.take_due``).
 """
 
 from lmsp_core import wire
@@ -410,3 +411,30 @@ end
 return ahead + 1
 """
 )
+
+# --- batches (``batches.BatchStore``) ---------------------------------------------------------------
+
+# KEYS: batch, results, open.  ARGV: line, result, outcome ('completed' or 'failed'), retention_ms.
+# Stores a line's result and counts it, once. Returns 1, or 0 when the line had ended before.
+BATCH_RESULT = """
+redis.call('SREM', KEYS[3], ARGV[1])
+if redis.call('HSETNX', KEYS[2], ARGV[1], ARGV[2]) == 0 then return 0 end
+redis.call('PEXPIRE', KEYS[2], ARGV[4])
+redis.call('HINCRBY', KEYS[1], ARGV[3], 1)
+return 1
+"""
+
+# KEYS: batch.  ARGV: expected statuses (comma-separated), new status, then field, value pairs.
+# Moves the batch to a status if it is in one of the expected ones. Returns 1, or 0.
+BATCH_MOVE = """
+local status = redis.call('HGET', KEYS[1], 'status')
+if not status then return 0 end
+local allowed = false
+for expected in string.gmatch(ARGV[1], '[^,]+') do
+  if expected == status then allowed = true end
+end
+if not allowed then return 0 end
+redis.call('HSET', KEYS[1], 'status', ARGV[2])
+for i = 3, #ARGV, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
+return 1
+"""

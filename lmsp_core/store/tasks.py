@@ -18,7 +18,7 @@ from redis.asyncio import Redis
 
 from lmsp_core import wire
 from lmsp_core.settings import Settings
-from lmsp_core.store import eventlog, keys, metrics, queue, scripts
+from lmsp_core.store import eventlog, finished, keys, metrics, queue, scripts
 from lmsp_core.store.eventstore import unpack_tokens
 from lmsp_core.store.fairqueue import FairQueue
 from lmsp_core.store.taskindex import ActiveIndex
@@ -86,6 +86,7 @@ class TaskRecord(msgspec.Struct, frozen=True, kw_only=True):
     metadata: bytes | None = None
     # what its principal is charged when it starts (fairqueue.cost); 0: not known (an older record)
     cost: int = 0
+    batch: str | None = None  # the batch whose line it runs (OpenAI's Batch API)
 
     def prompt_ids(self, card_digest: str) -> list[int] | None:
         """The prompt the API rendered, if it used the card the worker has (else None)."""
@@ -124,11 +125,12 @@ class TaskRecord(msgspec.Struct, frozen=True, kw_only=True):
             response=self.response_object(),
             error=self.problem(),
             metadata=self.metadata_map(),
+            batch_id=self.batch if self.batch is not None else msgspec.UNSET,
         )
 
 
 _TEXT_FIELDS = ("id", "model", "owner", "kind", "status", "response_id")
-_OPTIONAL_TEXT_FIELDS = ("worker", "job", "prompt_card")
+_OPTIONAL_TEXT_FIELDS = ("worker", "job", "prompt_card", "batch")
 _FLOAT_FIELDS = ("created_at", "started_at", "finished_at")
 _INT_FIELDS = ("last_event_id", "attempts", "cost")
 
@@ -202,7 +204,7 @@ class TaskStore:
         mapping: dict[str, str | bytes | float | int] = {
             name: getattr(record, name) for name in (*_TEXT_FIELDS, "created_at", "request", "cost")
         }
-        for name in ("context", "prompt", "prompt_card", "metadata"):
+        for name in ("context", "prompt", "prompt_card", "metadata", "batch"):
             if (value := getattr(record, name)) is not None:
                 mapping[name] = value
         async with self.redis.pipeline(transaction=False) as pipe:
@@ -266,6 +268,7 @@ class TaskStore:
         )).decode()
         if status == "dequeued":  # only the call that cancelled it counts it
             await queue.withdraw(self.redis, record.job or record.id, record.model)
+            await finished.announce(self.redis, [record.id])
             await metrics.add_now(self.redis, metrics.FINISHED, (record.model, "cancelled"))
             return CancelOutcome.DEQUEUED
         if status == "in_progress":

@@ -379,6 +379,7 @@ class Task(Struct, frozen=True, kw_only=True):
     response: Response | None = None
     error: Problem | None = None
     metadata: dict[str, str] | UnsetType = UNSET  # the request's x-metadata, only where it had some
+    batch_id: str | UnsetType = UNSET  # the batch (OpenAI's Batch API) whose line it runs, if any
 
 
 class TaskList(Struct, frozen=True, kw_only=True):

@@ -13,6 +13,7 @@ events; only the API turns errors into HTTP responses.
     ├── Forbidden               403  insufficient_scope
     ├── NotFound                404  not_found, model_not_found, task_not_found, response_not_found
     ├── Gone                    410  event_history_expired
+    ├── ContentTooLarge         413  file_too_large
     ├── Unprocessable           422  idempotency_key_reused
     ├── TooManyRequests         429  rate_limited, too_many_streams (with Retry-After)
     ├── ServiceUnavailable      503  service_unavailable, model_unavailable, server_busy
@@ -115,6 +116,12 @@ class Gone(LmspError):
     status = 410
     default_code = "event_history_expired"
     title = "Event history expired"
+
+
+class ContentTooLarge(LmspError):
+    status = 413
+    default_code = "file_too_large"
+    title = "Content too large"
 
 
 class Unprocessable(LmspError):

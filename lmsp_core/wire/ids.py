@@ -48,6 +48,8 @@ def pattern(prefix: str) -> str:
 
 
 TASK = "task"
+BATCH = "batch"
+FILE = "file"
 RESPONSE = "resp"
 MESSAGE = "msg"
 FUNCTION_CALL = "fc"

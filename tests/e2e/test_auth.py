@@ -30,6 +30,8 @@ from tests.support import (
 )
 
 UNKNOWN_TASK = "task_0000000000000000000000000A"
+UNKNOWN_WEBHOOK = "wh_0000000000000000000000000A"
+WEBHOOK = {"url": "https://8.8.8.8/hook", "events": ["task.completed"]}
 
 # every route and the scope it needs; public routes need none
 ROUTES: list[tuple[str, str, str | None]] = [
@@ -45,6 +47,12 @@ ROUTES: list[tuple[str, str, str | None]] = [
     ("DELETE", "/lmsp/v1/responses/{response_id}", credentials.RESPONSES_WRITE),
     ("GET", "/metrics", credentials.MODELS_READ),
     ("GET", "/status", credentials.MODELS_READ),
+    ("POST", "/lmsp/v1/webhooks", credentials.WEBHOOKS_MANAGE),
+    ("GET", "/lmsp/v1/webhooks", credentials.WEBHOOKS_MANAGE),
+    ("GET", "/lmsp/v1/webhooks/{webhook_id}", credentials.WEBHOOKS_MANAGE),
+    ("DELETE", "/lmsp/v1/webhooks/{webhook_id}", credentials.WEBHOOKS_MANAGE),
+    ("GET", "/lmsp/v1/webhooks/{webhook_id}/deliveries", credentials.WEBHOOKS_MANAGE),
+    ("POST", "/lmsp/v1/webhooks/{webhook_id}/test", credentials.WEBHOOKS_MANAGE),
     ("GET", "/healthz", None),
     ("GET", "/readyz", None),
     ("GET", "/", None),
@@ -80,8 +88,12 @@ def test_the_scope_table_of_the_protocol_doc_tells_the_truth() -> None:
 
 
 def _request(method: str, path: str) -> tuple[str, str, dict[str, Any]]:
-    url = path.format(task_id=UNKNOWN_TASK, model_id="tiny-random", response_id="resp_01J8M6Q4W2T7N5R3V9X1Z8B0DF")
-    return method, url, {"json": body(max_output_tokens=1)} if method == "POST" else {}
+    url = path.format(task_id=UNKNOWN_TASK, model_id="tiny-random", response_id="resp_01J8M6Q4W2T7N5R3V9X1Z8B0DF",
+                      webhook_id=UNKNOWN_WEBHOOK)
+    if method != "POST":
+        return method, url, {}
+    # an endpoint that is never sent to: its principal (the token's, made for the test) has no tasks
+    return method, url, {"json": WEBHOOK if path == "/lmsp/v1/webhooks" else body(max_output_tokens=1)}
 
 
 @pytest.mark.parametrize(("method", "path", "scope"), [r for r in ROUTES if r[2]], ids=[r[1] for r in ROUTES if r[2]])
@@ -108,7 +120,7 @@ async def test_each_route_needs_its_scope(secure: httpx.AsyncClient, make_token:
     assert f'scope="{scope}"' in response.headers["www-authenticate"]
     only, _ = await make_token([scope])
     response = await secure.request(method, url, headers=bearer(only), **kwargs)
-    assert response.status_code in (200, 202, 404), response.text  # past authorisation (the task is unknown)
+    assert response.status_code in (200, 201, 202, 404), response.text  # past authorisation (the task is unknown)
 
 
 async def test_public_routes_and_schema_need_no_token(secure: httpx.AsyncClient) -> None:

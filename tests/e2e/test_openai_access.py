@@ -64,11 +64,12 @@ async def test_tokens_and_scopes(sdk_for: Client, make_token: TokenFactory, secu
 @pytest.mark.parametrize(("method", "path", "scope"), OPENAI_ROUTES, ids=[f"{r[0]} {r[1]}" for r in OPENAI_ROUTES])
 async def test_each_route_needs_its_scope(secure: httpx.AsyncClient, make_token: TokenFactory, method: str,
                                           path: str, scope: str) -> None:
-    url = path.format(response_id="resp_01J8M6Q4W2T7N5R3V9X1Z8B0DF", model=MODEL)
+    url = path.format(response_id="resp_01J8M6Q4W2T7N5R3V9X1Z8B0DF", model=MODEL,
+                      file_id="file_01J8M6Q4W2T7N5R3V9X1Z8B0DF", batch_id="batch_01J8M6Q4W2T7N5R3V9X1Z8B0DF")
     body = {"model": MODEL, "max_output_tokens": 1, "max_tokens": 1}
     body |= {"messages": [{"role": "user", "content": "Hi"}]} if "chat" in path else {"input": "Hi"}
-    kwargs: dict[str, Any] = {"json": {k: v for k, v in body.items() if k in _FIELDS[path]}} if method == "POST" \
-        else {}
+    kwargs: dict[str, Any] = _FORMS.get(path) or _BODIES.get(path) or (
+        {"json": {k: v for k, v in body.items() if k in _FIELDS[path]}} if method == "POST" else {})
     missing = await secure.request(method, url, **kwargs)
     assert missing.status_code == 401 and missing.json()["error"]["code"] == "unauthorized"
     others, _ = await make_token([s for s in credentials.GRANTABLE if s != scope])
@@ -82,7 +83,14 @@ async def test_each_route_needs_its_scope(secure: httpx.AsyncClient, make_token:
 
 _FIELDS = {"/v1/responses": {"model", "input", "max_output_tokens"},
            "/v1/chat/completions": {"model", "messages", "max_tokens"},
-           "/v1/responses/{response_id}/cancel": set()}
+           "/v1/responses/{response_id}/cancel": set(), "/v1/batches/{batch_id}/cancel": set()}
+# the routes whose JSON body is not a generation request
+_BODIES: dict[str, dict[str, Any]] = {"/v1/batches": {"json": {
+    "input_file_id": "file_01J8M6Q4W2T7N5R3V9X1Z8B0DF", "endpoint": "/v1/chat/completions",
+    "completion_window": "24h"}}}
+# the routes whose body is a form (multipart)
+_FORMS: dict[str, dict[str, Any]] = {"/v1/files": {"files": {"file": ("a.jsonl", b"{}\n")},
+                                                   "data": {"purpose": "batch"}}}
 
 
 async def test_the_stream_limit(sdk_for: Client, make_token: TokenFactory) -> None:

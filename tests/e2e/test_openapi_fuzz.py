@@ -47,6 +47,11 @@ SEMANTIC_REFUSALS = {
     # /v1: OpenAI's parameters and values this service does not honour, refused by name rather than
     # ignored (docs/protocol.md, "OpenAI compatibility")
     "unsupported_parameter", "unsupported_value",
+    # a webhook URL whose host does not resolve, or resolves to an address the service does not send
+    # to (DNS says it, not the URL's form), and a principal's endpoints beyond their number
+    "invalid_webhook_url", "webhook_url_not_allowed", "too_many_webhooks",
+    # what an uploaded file holds (JSONL, so many lines): its schema is a string of bytes
+    "invalid_file_format", "too_many_lines",
 }
 SEED = 20261130  # the same cases every run
 MAX_EXAMPLES = 12  # per operation in the fuzzing phase; the examples and coverage phases add their own

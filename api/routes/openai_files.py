@@ -33,8 +33,6 @@ _BATCH_FILE = "\n".join(msgspec.json.encode({
     "custom_id": f"request-{n}", "method": "POST", "url": "/v1/chat/completions",
     "body": {"model": doc.MODEL, "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 16}}).decode()
     for n in (1, 2))
-UPLOAD_EXAMPLES = [doc.LiteralExample(summary="A batch file of two requests",
-                                      value={"purpose": "batch", "file": _BATCH_FILE})]
 # what a multipart form adds around the file's bytes (boundaries, part headers, the purpose): the
 # body may exceed the file limit by this much, and the file itself is then checked exactly
 FORM_OVERHEAD = 64 * 1024
@@ -65,8 +63,7 @@ class OpenAIFilesController(Controller):
           responses={200: docs.ok(of.FileObject, "The file", docs.FILE),
                      **docs.errors(*docs.COMMON_ERRORS, "unsupported_parameter", "unsupported_value",
                                    "invalid_file_format", "too_many_lines", "file_too_large")})
-    async def create_file(self, data: Annotated[of.FileUpload, Body(media_type=RequestEncodingType.MULTI_PART,
-                                                                               examples=UPLOAD_EXAMPLES)],
+    async def create_file(self, data: Annotated[of.FileUpload, Body(media_type=RequestEncodingType.MULTI_PART)],
                           services: Services, owner: str) -> Response[Any]:
         try:
             if data.purpose not in of.UPLOAD_PURPOSES:

@@ -1,8 +1,6 @@
 """OpenAI's Batch API on the durable tasks, driven through the official ``openai`` package
 (docs/protocol.md, "Batches")."""
 
-import asyncio
-import json
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -13,44 +11,19 @@ import pytest_asyncio
 import redis.asyncio as aioredis
 
 from lmsp_core.store import keys
-from tests.support import Api, RedisServer, Worker, running, wait_for
-
-CHAT = "/v1/chat/completions"
-
-
-def chat_line(custom_id: str, text: str, tokens: int = 4, model: str = "tiny-random") -> dict[str, Any]:
-    return {"custom_id": custom_id, "method": "POST", "url": CHAT,
-            "body": {"model": model, "messages": [{"role": "user", "content": text}], "max_tokens": tokens,
-                     "temperature": 0}}
-
-
-def jsonl(lines: list[Any]) -> bytes:
-    return b"".join((line if isinstance(line, bytes) else json.dumps(line).encode()) + b"\n" for line in lines)
-
-
-async def run_batch(sdk: openai.AsyncOpenAI, lines: list[Any], window: str = "24h",
-                    endpoint: str = CHAT) -> tuple[Any, Any]:
-    source = await sdk.files.create(file=("requests.jsonl", jsonl(lines)), purpose="batch")
-    batch = await sdk.batches.create(input_file_id=source.id, endpoint=endpoint,  # type: ignore[arg-type]
-                                     completion_window=window)  # type: ignore[arg-type]
-    return source, batch
-
-
-async def until_final(sdk: openai.AsyncOpenAI, batch_id: str, timeout: float = 240) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        batch = await sdk.batches.retrieve(batch_id)
-        if batch.status in ("completed", "failed", "expired", "cancelled"):
-            return batch
-        assert time.monotonic() < deadline, batch
-        await asyncio.sleep(0.2)
-
-
-async def lines_of(sdk: openai.AsyncOpenAI, file_id: str | None) -> list[dict[str, Any]]:
-    if file_id is None:
-        return []
-    content = await sdk.files.content(file_id)
-    return [json.loads(line) for line in content.content.splitlines() if line.strip()]
+from tests.support import (
+    CHAT,
+    Api,
+    RedisServer,
+    Worker,
+    batch_lines,
+    chat_line,
+    jsonl,
+    run_batch,
+    running,
+    until_final,
+    wait_for,
+)
 
 
 async def test_a_thousand_lines_through_the_official_client(sdk: openai.AsyncOpenAI, api: Api) -> None:
@@ -72,12 +45,12 @@ async def test_a_thousand_lines_through_the_official_client(sdk: openai.AsyncOpe
     done = await until_final(sdk, batch.id)
     assert done.status == "completed", done
     assert (done.request_counts.total, done.request_counts.completed, done.request_counts.failed) == (1005, 1000, 5)
-    output = await lines_of(sdk, done.output_file_id)
+    output = await batch_lines(sdk, done.output_file_id)
     assert sorted(line["custom_id"] for line in output) == sorted(f"req-{n}" for n in range(1000))
     for line in output:
         assert line["error"] is None and line["response"]["status_code"] == 200
         assert line["response"]["body"]["object"] == "chat.completion"
-    errors = {line["custom_id"]: line for line in await lines_of(sdk, done.error_file_id)}
+    errors = {line["custom_id"]: line for line in await batch_lines(sdk, done.error_file_id)}
     assert set(errors) == {None, "wrong-url", "req-7", "no-model", "bad-param"}
     assert errors["wrong-url"]["error"]["code"] == "invalid_url"
     assert errors["req-7"]["error"]["code"] == "duplicate_custom_id"
@@ -122,7 +95,7 @@ async def test_cancel_stops_the_lines_that_have_not_run(sdk: openai.AsyncOpenAI)
     assert cancelling.status in ("cancelling", "cancelled")
     done = await until_final(sdk, batch.id)
     assert done.status == "cancelled" and done.cancelled_at is not None
-    output, errors = await lines_of(sdk, done.output_file_id), await lines_of(sdk, done.error_file_id)
+    output, errors = await batch_lines(sdk, done.output_file_id), await batch_lines(sdk, done.error_file_id)
     assert len(output) + len(errors) == 300 == done.request_counts.total
     assert len(output) == done.request_counts.completed and 0 < len(output) < 300
     assert {line["error"]["code"] for line in errors} == {"batch_cancelled"}
@@ -138,7 +111,7 @@ async def test_lines_not_started_in_the_window_expire(sdk: openai.AsyncOpenAI) -
                                window="3s")
     done = await until_final(sdk, batch.id)
     assert done.status == "expired" and done.expired_at is not None
-    output, errors = await lines_of(sdk, done.output_file_id), await lines_of(sdk, done.error_file_id)
+    output, errors = await batch_lines(sdk, done.output_file_id), await batch_lines(sdk, done.error_file_id)
     assert len(output) + len(errors) == 400 and output and errors
     assert {line["error"]["code"] for line in errors} == {"batch_expired"}
 
@@ -185,7 +158,7 @@ async def test_a_batch_outlives_a_killed_worker_and_api(doomed: tuple[Api, Worke
     doomed_api.kill()
     async with openai.AsyncOpenAI(base_url=f"{api.url}/v1", api_key="unused", max_retries=0) as other:
         done = await until_final(other, batch.id)
-        output, errors = await lines_of(other, done.output_file_id), await lines_of(other, done.error_file_id)
+        output, errors = await batch_lines(other, done.output_file_id), await batch_lines(other, done.error_file_id)
     assert done.status == "completed" and not errors
     assert sorted(line["custom_id"] for line in output) == sorted(line["custom_id"] for line in lines)
     # each line had one task: the driver that took over found the tasks already made
@@ -197,5 +170,5 @@ async def test_a_batch_cancelled_at_once_still_ends_every_line(sdk: openai.Async
     _, batch = await run_batch(sdk, [chat_line(f"n-{n}", "hi") for n in range(5)])
     await sdk.batches.cancel(batch.id)  # most likely still validating
     done = await until_final(sdk, batch.id)
-    output, errors = await lines_of(sdk, done.output_file_id), await lines_of(sdk, done.error_file_id)
+    output, errors = await batch_lines(sdk, done.output_file_id), await batch_lines(sdk, done.error_file_id)
     assert done.status == "cancelled" and done.request_counts.total == 5 == len(output) + len(errors)

@@ -6,6 +6,7 @@ session's APIs refuse the private address the receiver listens on. The module's 
 targets and retries after a second.
 """
 
+import json
 import signal
 import subprocess
 import sys
@@ -29,10 +30,14 @@ from tests.support import (
     TokenFactory,
     Worker,
     assert_problem,
+    batch_lines,
     bearer,
     body,
+    chat_line,
+    run_batch,
     running,
     service_env,
+    until_final,
     wait_for,
 )
 
@@ -153,6 +158,39 @@ async def test_a_batch_sends_its_end(hooks_worker: Worker, http: httpx.AsyncClie
     assert event.type == "batch.completed" and event.data.id == batch.id
     assert received.headers["webhook-id"] == f"evt_{batch.id}_completed"
     assert len(receiver.received) == 1  # its line's task, which ended before, sent nothing
+
+
+async def test_a_batch_outlives_a_killed_worker_and_api_and_its_webhook_arrives(
+        hooks_redis: RedisServer, models_file: str, hooks_api: Api, hooks_worker: Worker, receiver: Receiver) -> None:
+    """Issue 43's fault proof on one Redis: the worker and the API that made the batch are killed
+    mid-batch; every line ends once, and batch.completed reaches the receiver, each copy with the
+    same webhook-id."""
+    doomed_api = Api(hooks_redis.url, models_file=models_file, **HOOKS).start()
+    lines = [chat_line(f"k-{n}", "Tell me about the sea", tokens=40) for n in range(100)]
+    try:
+        async with running(Worker(hooks_redis.url, ["tiny-random"], models_file=models_file, lease_ttl=1.5)) as doomed:
+            async with httpx.AsyncClient(base_url=doomed_api.url, timeout=60) as client:
+                endpoint = await create(client, receiver.url, ["batch.completed"])
+            async with openai.AsyncOpenAI(base_url=f"{doomed_api.url}/v1", api_key="unused", max_retries=0) as sdk:
+                _, batch = await run_batch(sdk, lines)
+                await wait_for(lambda: _lines_done(sdk, batch.id, 5), what="some lines to end")
+            doomed.kill()
+            doomed_api.kill()
+    finally:
+        doomed_api.stop()
+    async with openai.AsyncOpenAI(base_url=f"{hooks_api.url}/v1", api_key="unused", max_retries=0) as sdk:
+        done = await until_final(sdk, batch.id)
+        output, errors = await batch_lines(sdk, done.output_file_id), await batch_lines(sdk, done.error_file_id)
+    assert done.status == "completed" and not errors
+    assert sorted(line["custom_id"] for line in output) == sorted(line["custom_id"] for line in lines)
+    await receiver.wait(1)
+    ours = [r for r in receiver.received if json.loads(r.body)["data"]["id"] == batch.id]
+    assert ours and {r.headers["webhook-id"] for r in ours} == {f"evt_{batch.id}_completed"}
+    assert event_of(ours[0], endpoint["secret"]).type == "batch.completed"
+
+
+async def _lines_done(sdk: openai.AsyncOpenAI, batch_id: str, count: int) -> bool:
+    return (await sdk.batches.retrieve(batch_id)).request_counts.completed >= count
 
 
 async def test_a_failed_attempt_is_retried_with_the_same_id(http: httpx.AsyncClient, receiver: Receiver) -> None:

@@ -14,6 +14,10 @@ its followers' keep-alive, with no timer of their own.
 A follower replays what it missed with ``XRANGE`` first; because event numbers are consecutive,
 it notices any gap between its replay and the shared feed and fills it with another ``XRANGE``.
 So every follower gets each event exactly once and in order, whenever it joins.
+
+On Redis Cluster one read cannot name streams of several slots, and each task has its own: there
+each followed task has a blocking ``XREAD`` of its own, a connection to its shard while followed
+(docs/reliability.md, "Redis Cluster"); everything else is the same.
 """
 
 import asyncio
@@ -26,7 +30,7 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 from redis.typing import KeyT, StreamIdT
 
-from lmsp_core.store import eventlog, keys
+from lmsp_core.store import connections, eventlog, keys
 from lmsp_core.store.eventlog import Event
 from lmsp_core.store.tasks import TaskRecord
 from lmsp_core.wire import ids
@@ -55,6 +59,7 @@ class _Feed:
         self.tail = _Link([])
         self.followers = 0
         self.delivered_at = time.monotonic()  # the last link, a heartbeat too
+        self.reader: asyncio.Task[None] | None = None  # its own reader, on a cluster
 
     def deliver(self, events: Events) -> None:
         link = _Link(events)
@@ -78,6 +83,7 @@ class EventHub:
         self._wake_key = keys.hub_wake(ids.new_id("hub"))
         self._woken = "0-0"  # the last wake entry the reader saw
         self._waking: asyncio.Task[None] | None = None
+        self._per_task = connections.is_cluster(redis)
 
     @property
     def followed_tasks(self) -> int:
@@ -160,7 +166,10 @@ class EventHub:
         feed = self._feeds.get(key)
         if feed is None:
             feed = self._feeds[key] = _Feed(record.id, record.response_id, cursor)
-            self._read_it()
+            if self._per_task:
+                feed.reader = asyncio.create_task(self._read_one(key, feed), name="event-feed")
+            else:
+                self._read_it()
         feed.followers += 1
         return feed
 
@@ -173,6 +182,8 @@ class EventHub:
         key = keys.events(feed.task_id)
         if self._feeds.get(key) is feed:
             del self._feeds[key]  # the reader's next read leaves it out
+        if feed.reader is not None and feed.reader is not asyncio.current_task():
+            feed.reader.cancel()  # followed no more: its blocking read would hold a connection
 
     def _read_it(self) -> None:
         """Have the reader include a new feed: start it, or end the read it is blocked in."""
@@ -204,6 +215,21 @@ class EventHub:
                 feed.fail(exc)
                 self._end(feed)
 
+    async def _read_one(self, key: str, feed: _Feed) -> None:
+        """A feed's own reader (on a cluster): its new events, or a heartbeat when none came."""
+        try:
+            while self._feeds.get(key) is feed:
+                block_ms = max(1, int((feed.delivered_at + self.heartbeat - time.monotonic()) * 1000))
+                reply = await self.redis.xread({key: eventlog.stream_id(feed.cursor)}, block=block_ms,
+                                               count=eventlog.READ_CHUNK)
+                if reply:
+                    self._take(key, reply[0][1], {key: feed})
+                elif time.monotonic() - feed.delivered_at >= self.heartbeat:
+                    feed.deliver([])
+        except (RedisError, OSError) as exc:
+            feed.fail(exc)
+            self._end(feed)
+
     def _take(self, key: str, entries: list[tuple[bytes, dict[bytes, bytes]]], feeds: dict[str, _Feed]) -> None:
         if key == self._wake_key:
             self._woken = entries[-1][0].decode()
@@ -226,7 +252,8 @@ class EventHub:
                 feed.deliver([])  # nothing for a heartbeat interval
 
     async def close(self) -> None:
-        for task in (self._reader, self._waking):
+        readers = [feed.reader for feed in self._feeds.values() if feed.reader is not None]
+        for task in (self._reader, self._waking, *readers):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):

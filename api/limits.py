@@ -25,7 +25,7 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from lmsp_core.settings import Settings
-from lmsp_core.store import keys
+from lmsp_core.store import cluster, keys
 from lmsp_core.wire import ids
 from lmsp_core.wire.errors import TooManyRequests
 
@@ -125,8 +125,7 @@ class Limits:
             try:
                 async with self.redis.pipeline(transaction=False) as pipe:
                     for principal, members in list(self._open.items()):
-                        await self._renew(keys=[keys.streams(principal)],
-                                          args=[self._lease_ms, *members], client=pipe)
+                        cluster.evalsha(pipe, self._renew, [keys.streams(principal)], [self._lease_ms, *members])
                     await pipe.execute()
             except (RedisError, OSError) as exc:
                 logger.warning("stream slot renewal failed: %s", type(exc).__name__)

@@ -52,4 +52,4 @@ class Services:
     async def close(self) -> None:
         await self.limits.close()
         await self.hub.close()
-        await self.redis.aclose()
+        await connections.close(self.redis)

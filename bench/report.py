@@ -31,13 +31,16 @@ def percentile(values: Sequence[float], q: float) -> float:
 @dataclass
 class Table:
     rows: list[tuple[str, str, str, str, str]] = field(default_factory=list)
+    head: tuple[str, str, str, str, str] = ("measure", "service", "baseline", "ratio", "target")
+    echo: bool = True  # print each row as it is added (a long run's progress)
 
     def add(self, measure: str, service: str, baseline: str = "", ratio: str = "", target: str = "") -> None:
         self.rows.append((measure, service, baseline, ratio, target))
-        print(f"  {measure}: {service}  {baseline}  {ratio}", flush=True)
+        if self.echo:
+            print(f"  {measure}: {service}  {baseline}  {ratio}", flush=True)
 
     def render(self) -> str:
-        head = ("measure", "service", "baseline", "ratio", "target")
+        head = self.head
         widths = [max(len(row[i]) for row in [head, *self.rows]) for i in range(5)]
         lines = [" | ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True))
                  for row in [head, *self.rows]]

@@ -1,5 +1,6 @@
-"""The service under measurement: its own redis-server, one API process and one worker process,
-started on free ports and stopped again; and what the benchmark reads about those processes."""
+"""The service under measurement: its own redis-server (or Redis Cluster), one API process and one
+worker process, started on free ports and stopped again; and what the benchmark reads about those
+processes."""
 
 import json
 import os
@@ -14,8 +15,11 @@ from types import TracebackType
 from typing import Any
 
 import redis
+from redis.cluster import RedisCluster
 
+from lmsp.rediscluster import start_cluster
 from lmsp_core.ports import free_port
+from lmsp_core.store import keys
 
 ROOT = Path(__file__).resolve().parent.parent
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -48,6 +52,8 @@ def rss_bytes(pid: int) -> int:
 class Stack:
     """redis-server + ``lmsp api`` + ``lmsp worker`` for the given model specs (the first is served)."""
 
+    backend = "single"  # what the benchmark calls this kind of Redis
+
     def __init__(self, models: list[dict[str, Any]], served: list[str], torch_threads: int,
                  extra_env: dict[str, str] | None = None, worker: list[str] | None = None) -> None:
         """``worker``: the worker's command, in place of ``lmsp worker`` for the served models."""
@@ -66,6 +72,11 @@ class Stack:
     @property
     def redis_url(self) -> str:
         return f"redis://127.0.0.1:{self.redis_port}/0"
+
+    @property
+    def primaries(self) -> list[str]:
+        """A URL of each Redis that holds data: the one, or each shard's primary."""
+        return [self.redis_url]
 
     def _env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("LMSP_")}
@@ -88,24 +99,37 @@ class Stack:
         return process
 
     def __enter__(self) -> "Stack":
-        self.redis = self._redis_server(self.redis_port, "redis")
-        self.api = self._spawn([sys.executable, "-m", "lmsp.cli", "api", "--port", str(self.api_port)], "api.log")
-        started = time.perf_counter()
-        self.worker = self._spawn(self.worker_command, "worker.log")
-        wait_port(self.api_port, self.api)
-        self._wait_worker()
+        try:
+            self._start_redis()
+            self.api = self._spawn([sys.executable, "-m", "lmsp.cli", "api", "--port", str(self.api_port)],
+                                   "api.log")
+            started = time.perf_counter()
+            self.worker = self._spawn(self.worker_command, "worker.log")
+            wait_port(self.api_port, self.api)
+            self._wait_worker()
+        except BaseException:
+            # a with statement calls __exit__ only once __enter__ returned: stop what started here
+            self.__exit__(None, None, None)
+            raise
         self.worker_ready_seconds = time.perf_counter() - started
         return self
 
+    def _start_redis(self) -> None:
+        self.redis = self._redis_server(self.redis_port, "redis")
+
+    def _registry(self) -> redis.Redis:
+        """A plain client of the Redis that holds the worker registry."""
+        return redis.Redis.from_url(self.redis_url)
+
     def _wait_worker(self, timeout: float = 1800, count: int = 1) -> None:
-        client = redis.Redis.from_url(self.redis_url)
+        client = self._registry()
         deadline = time.monotonic() + timeout
         try:
             while time.monotonic() < deadline:
                 if any(p.poll() is not None for p in self.processes):
-                    logs = "\n".join(path.read_text()[-2000:] for path in self.dir.glob("*.log"))
+                    logs = "\n".join(path.read_text()[-2000:] for path in self.dir.rglob("*.log"))
                     raise RuntimeError(f"a process of the stack exited:\n{logs}")
-                states = [json.loads(raw).get("state") for key in client.keys("lmsp:worker:*")  # type: ignore[union-attr,arg-type]
+                states = [json.loads(raw).get("state") for key in client.keys(keys.worker("*"))  # type: ignore[union-attr,arg-type]
                           if (raw := client.get(key))]
                 if states.count("ready") >= count:
                     return
@@ -154,3 +178,38 @@ class ReplicatedStack(Stack):
         self.replica.kill()
         self.replica.wait()
         self.processes.remove(self.replica)
+
+
+class ClusterStack(Stack):
+    """A Redis Cluster of ``SHARDS`` primaries and no replica, and an API and a worker that use it
+    (``LMSP_REDIS_CLUSTER``; their ``LMSP_REDIS_URL`` names a port nothing listens on, so a client
+    that ignored the cluster would fail instead of reaching one node)."""
+
+    backend = "cluster"
+    SHARDS = 3  # the fewest a Redis Cluster takes (``lmsp.rediscluster``)
+    UNUSED_URL = "redis://127.0.0.1:1/0"
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.nodes: list[str] = []  # 127.0.0.1:PORT of each primary
+
+    @property
+    def redis_url(self) -> str:
+        return self.UNUSED_URL
+
+    @property
+    def primaries(self) -> list[str]:
+        return [f"redis://{node}/0" for node in self.nodes]
+
+    def _env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
+        return super()._env({"LMSP_REDIS_CLUSTER": ",".join(self.nodes), **(extra or {})})
+
+    def _start_redis(self) -> None:
+        # the nodes join self.processes as they start: __exit__ stops them whatever fails here
+        self.nodes = start_cluster(self.dir / "cluster", self.SHARDS, 0, self.processes, appendonly=False)
+
+    def _registry(self) -> redis.Redis:
+        # every key of the registry has the tag {workers}: one node holds them all, and KEYS there finds them
+        with RedisCluster.from_url(self.primaries[0]) as cluster:
+            node = cluster.get_node_from_key(keys.workers())
+        return redis.Redis(host=node.host, port=node.port)

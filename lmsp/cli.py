@@ -9,6 +9,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import msgspec
+
 from lmsp import credentials, principals, webhooks
 from lmsp_core import logs
 from lmsp_core.settings import Settings, load_settings
@@ -42,11 +44,15 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
 
     up = commands.add_parser("up", parents=[_model_flags()],
-                             help="API and one worker in the foreground (and a local redis-server "
-                                  "when neither --redis-url nor --redis-sentinels is given)")
+                             help="API and one worker in the foreground (and a local redis-server when no "
+                                  "--redis-url, --redis-sentinels or --redis-cluster is given, or a local Redis "
+                                  "Cluster with --local-cluster)")
     up.add_argument("--host")
     up.add_argument("--port", type=int)
     credentials.add_redis_arguments(up)
+    up.add_argument("--local-cluster", type=int, default=0, metavar="N",
+                    help="start a local Redis Cluster of N primaries (3 or more), one replica each, instead of "
+                         "one redis-server; it starts empty every time")
 
     api = commands.add_parser("api", parents=[_model_flags()],
                               help="the HTTP API alone (--model: models its workers are given by path, with "
@@ -176,8 +182,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _service_main(args: argparse.Namespace) -> int:
     overrides = {name: getattr(args, name, None)
-                 for name in ("host", "port", "redis_url", "redis_sentinels", "redis_master")}
-    settings = load_settings(**overrides)
+                 for name in ("host", "port", "redis_url", "redis_sentinels", "redis_master", "redis_cluster")}
+    try:
+        settings = load_settings(**overrides)
+    except msgspec.ValidationError as exc:  # a setting that cannot work: said at start, in one line
+        print(f"lmsp {args.command}: {exc}", file=sys.stderr)
+        return 2
     models: list[str] = []
     if args.command in SERVICE_COMMANDS:
         from lmsp_core.requests.modelpaths import ModelRefError
@@ -209,7 +219,7 @@ def _service_main(args: argparse.Namespace) -> int:
     elif args.command == "up":
         from lmsp.up import up
 
-        return up(settings, models)
+        return up(settings, models, args.local_cluster)
     return 0
 
 

@@ -38,6 +38,8 @@ def add_redis_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--redis-sentinels", metavar="HOST:PORT,...",
                         help="ask these Redis Sentinels for the primary (the URL then gives database and credentials)")
     parser.add_argument("--redis-master", metavar="NAME", help="the primary's name at the sentinels")
+    parser.add_argument("--redis-cluster", metavar="HOST:PORT,...",
+                        help="some nodes of a Redis Cluster (the URL then gives credentials and TLS)")
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
@@ -55,13 +57,13 @@ def run_command(command: str, work: Coroutine[Any, Any, int]) -> int:
 
 
 async def _run(args: argparse.Namespace, settings: Settings) -> int:
-    from lmsp_core.store import connections, credentials
+    from lmsp_core.store import connections, credentials, keys
 
     redis = connections.connect(settings)
     try:
         if args.action == "create":
             token, record = await credentials.create(redis, args.principal, args.scopes)
-            await warn_unless_replicated(redis, settings, "token")
+            await warn_unless_replicated(redis, settings, "token", keys.credential_index())
             print(token)
             print(f"created {record.id} for principal {record.principal} ({','.join(record.scopes)}); "
                   "the token is shown only now", file=sys.stderr)
@@ -73,18 +75,18 @@ async def _run(args: argparse.Namespace, settings: Settings) -> int:
             print(f"lmsp token: no token {args.token_id}", file=sys.stderr)
             return 1
         else:
-            await warn_unless_replicated(redis, settings, "token")
+            await warn_unless_replicated(redis, settings, "token", keys.credential_index())
             print(f"revoked {args.token_id}", file=sys.stderr)
         return 0
     finally:
-        await redis.aclose()
+        await connections.close(redis)
 
 
-async def warn_unless_replicated(redis: "Redis", settings: Settings, command: str) -> None:
-    """After an operator's write: say so when no replica confirmed it (a revocation that a failover
-    loses would let the token in again, a quota would be lifted again)."""
+async def warn_unless_replicated(redis: "Redis", settings: Settings, command: str, key: str) -> None:
+    """After an operator's write of ``key``: say so when no replica confirmed it (a revocation that a
+    failover loses would let the token in again, a quota would be lifted again)."""
     from lmsp_core.store import connections
 
-    if not await connections.replicated(redis, connections.ReplicaWatch(settings)):
+    if not await connections.replicated(redis, connections.ReplicaWatch(settings), key):
         print(f"lmsp {command}: warning: no replica confirmed the change within {settings.redis_wait_timeout} s; "
               "a failover before it reaches one would undo it", file=sys.stderr)

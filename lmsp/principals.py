@@ -49,7 +49,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def _run(args: argparse.Namespace, settings: Settings) -> int:
-    from lmsp_core.store import connections, principals
+    from lmsp_core.store import connections, keys, principals
     from lmsp_core.store.credentials import check_principal
 
     if args.action != "list":
@@ -64,11 +64,11 @@ async def _run(args: argparse.Namespace, settings: Settings) -> int:
         else:
             entry = changed(await principals.get(redis, args.name), args)
             await principals.store(redis, args.name, entry)
-            await warn_unless_replicated(redis, settings, "principal")
+            await warn_unless_replicated(redis, settings, "principal", keys.principals())
             print(line(args.name, entry))
         return 0
     finally:
-        await redis.aclose()
+        await connections.close(redis)
 
 
 def changed(current: "PrincipalSettings", args: argparse.Namespace) -> "PrincipalSettings":

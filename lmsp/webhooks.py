@@ -42,7 +42,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def _run(args: argparse.Namespace, settings: Settings) -> int:
-    from lmsp_core.store import connections, webhooks
+    from lmsp_core.store import connections, keys, webhooks
     from lmsp_core.store.credentials import check_principal
 
     if args.action == "create" or getattr(args, "principal", None):
@@ -52,7 +52,7 @@ async def _run(args: argparse.Namespace, settings: Settings) -> int:
         if args.action == "create":
             events = [event.strip() for event in args.events.split(",") if event.strip()]
             record = await webhooks.create_endpoint(redis, args.principal, args.url, events)
-            await warn_unless_replicated(redis, settings, "webhook")
+            await warn_unless_replicated(redis, settings, "webhook", keys.all_webhooks())
             print(record.secret)
             print(f"created {record.id} for principal {record.owner}; the secret is shown only now",
                   file=sys.stderr)
@@ -64,7 +64,7 @@ async def _run(args: argparse.Namespace, settings: Settings) -> int:
             if not await webhooks.delete_endpoint(redis, args.webhook_id):
                 print(f"lmsp webhook: no endpoint {args.webhook_id}", file=sys.stderr)
                 return 1
-            await warn_unless_replicated(redis, settings, "webhook")
+            await warn_unless_replicated(redis, settings, "webhook", keys.all_webhooks())
             print(f"deleted {args.webhook_id}", file=sys.stderr)
         else:
             if await webhooks.get_endpoint(redis, args.webhook_id) is None:
@@ -75,7 +75,7 @@ async def _run(args: argparse.Namespace, settings: Settings) -> int:
                 print(delivery_line(delivery.to_wire()))
         return 0
     finally:
-        await redis.aclose()
+        await connections.close(redis)
 
 
 def _when(seconds: float) -> str:

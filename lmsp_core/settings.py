@@ -3,6 +3,7 @@
 
 import ipaddress
 import os
+import urllib.parse
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -29,9 +30,13 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     # for the current primary, and redis_url gives only the database, user name, password and TLS.
     redis_sentinels: str = ""
     redis_master: str = "mymaster"
+    # Redis Cluster (docs/reliability.md, "Redis Cluster"): comma-separated host:port of some of its
+    # nodes, from which every client learns the rest. When set, redis_url gives only the user name,
+    # password and TLS; it excludes redis_sentinels.
+    redis_cluster: str = ""
     # replicas that must hold a write before it is acknowledged (a worker's events, a created or
     # cancelled task): Redis WAIT, giving up after redis_wait_timeout and going on with the primary
-    # alone. None: 1 with sentinels, 0 without.
+    # alone. None: 1 with sentinels or a cluster, 0 without.
     redis_wait_replicas: Annotated[int, Meta(ge=0)] | None = None
     redis_wait_timeout: Seconds = 0.1
     host: str = "127.0.0.1"
@@ -123,6 +128,12 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
 
     def __post_init__(self) -> None:
         parse_sentinels(self.redis_sentinels)  # a malformed list fails at start-up, not at the first use
+        parse_sentinels(self.redis_cluster, "redis_cluster")
+        if self.redis_cluster and self.redis_sentinels:
+            raise ValueError("redis_cluster and redis_sentinels exclude each other: a cluster fails over by itself")
+        database = urllib.parse.urlsplit(self.redis_url).path.strip("/")
+        if self.redis_cluster and database not in ("", "0"):
+            raise ValueError(f"redis_cluster: a Redis Cluster has database 0 only, and redis_url names {database}")
         parse_delays(self.webhook_retry_delays)
 
     @property
@@ -131,17 +142,22 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
         return parse_sentinels(self.redis_sentinels)
 
     @property
+    def cluster_addresses(self) -> list[tuple[str, int]]:
+        """Some nodes of the Redis Cluster as (host, port); empty: no cluster."""
+        return parse_sentinels(self.redis_cluster, "redis_cluster")
+
+    @property
     def wait_replicas(self) -> int:
         """How many replicas WAIT asks for after an acknowledged write (0: no WAIT)."""
         if self.redis_wait_replicas is not None:
             return self.redis_wait_replicas
-        return 1 if self.sentinel_addresses else 0
+        return 1 if self.sentinel_addresses or self.cluster_addresses else 0
 
     def redis_env(self) -> dict[str, str]:
         """The environment that gives a child process (the launcher's worker, a supervised one) the
         Redis of these settings, which command-line flags may have changed."""
         return {"LMSP_REDIS_URL": self.redis_url, "LMSP_REDIS_SENTINELS": self.redis_sentinels,
-                "LMSP_REDIS_MASTER": self.redis_master}
+                "LMSP_REDIS_MASTER": self.redis_master, "LMSP_REDIS_CLUSTER": self.redis_cluster}
 
     def models_env(self) -> dict[str, str]:
         """The environment that gives a child process the models of these settings that the command
@@ -187,13 +203,13 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
         return msgspec.structs.replace(self, **{k: v for k, v in changes.items() if v is not None})
 
 
-def parse_sentinels(text: str) -> list[tuple[str, int]]:
+def parse_sentinels(text: str, setting: str = "redis_sentinels") -> list[tuple[str, int]]:
     """``host:port,host:port`` as (host, port) pairs; raises ValueError for anything else."""
     addresses = []
     for entry in filter(None, (part.strip() for part in text.split(","))):
         host, _, port = entry.rpartition(":")
         if not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise ValueError(f"redis_sentinels: {entry!r} is not host:port")
+            raise ValueError(f"{setting}: {entry!r} is not host:port")
         addresses.append((host.removeprefix("[").removesuffix("]"), int(port)))
     return addresses
 

@@ -19,6 +19,8 @@ import pytest_asyncio
 import redis.asyncio as aioredis
 
 from lmsp_core.requests.catalog import SMOLLM2
+from tests import backends
+from tests.rediscluster import LocalCluster
 from tests.support import (
     REASONING_BUDGET,
     REASONING_TEMPLATE,
@@ -55,6 +57,10 @@ TEST_MODELS: list[dict[str, Any]] = [
     msgspec.to_builtins(msgspec.structs.replace(SMOLLM2, compile=False)),
 ]
 
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    backends.parametrize(metafunc)
 
 
 @pytest.fixture(scope="session")
@@ -95,6 +101,12 @@ async def eager_worker(redis_server: RedisServer, models_file: str) -> AsyncIter
         yield worker
 
 
+@pytest.fixture(scope="session")
+def single_eager_worker(eager_worker: Worker) -> Worker:
+    """``eager_worker`` under the name ``tests.backends`` looks it up by."""
+    return eager_worker
+
+
 @pytest_asyncio.fixture(scope="session")
 async def patient_worker(redis_server: RedisServer, models_file: str) -> AsyncIterator[Worker]:
     """A worker that appends its tasks' events every 3 s (``LMSP_EVENT_FLUSH_INTERVAL=3``)."""
@@ -117,6 +129,60 @@ def secure_api(redis_server: RedisServer, models_file: str) -> Iterator[Api]:
     one origin."""
     server = Api(redis_server.url, models_file=models_file, sse_heartbeat=1, auth="tokens", max_streams=2,
                  cors_origins=SECURE_CORS_ORIGIN)
+    server.start()
+    yield server
+    server.stop()
+
+
+# --- the same stack on a Redis Cluster, for the modules that use ``tests.backends`` ---------------
+
+
+@pytest.fixture(scope="session")
+def redis_cluster() -> Iterator[LocalCluster]:
+    """Three shards, each a primary and a replica."""
+    cluster = LocalCluster(primaries=3, replicas=1)
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def _cluster_service(cluster: LocalCluster) -> dict[str, Any]:
+    return {"redis_url": cluster.settings["redis_url"], "redis_cluster": cluster.settings["redis_cluster"]}
+
+
+@pytest_asyncio.fixture(scope="session")
+async def cluster_tiny_worker(redis_cluster: LocalCluster, models_file: str) -> AsyncIterator[Worker]:
+    settings = _cluster_service(redis_cluster)
+    worker = Worker(settings.pop("redis_url"), ["tiny-random"], models_file=models_file, **settings)
+    async with running(worker):
+        yield worker
+
+
+@pytest_asyncio.fixture(scope="session")
+async def cluster_eager_worker(redis_cluster: LocalCluster, models_file: str) -> AsyncIterator[Worker]:
+    settings = _cluster_service(redis_cluster)
+    worker = Worker(settings.pop("redis_url"), ["tiny-eager"], models_file=models_file, event_flush_interval=0,
+                    **settings)
+    async with running(worker):
+        yield worker
+
+
+@pytest.fixture(scope="session")
+def cluster_api(redis_cluster: LocalCluster, models_file: str) -> Iterator[Api]:
+    settings = _cluster_service(redis_cluster)
+    server = Api(settings.pop("redis_url"), models_file=models_file, sse_heartbeat=1, **settings)
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def cluster_secure_api(redis_cluster: LocalCluster, models_file: str) -> Iterator[Api]:
+    settings = _cluster_service(redis_cluster)
+    server = Api(settings.pop("redis_url"), models_file=models_file, sse_heartbeat=1, auth="tokens", max_streams=2,
+                 cors_origins=SECURE_CORS_ORIGIN, **settings)
     server.start()
     yield server
     server.stop()

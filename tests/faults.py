@@ -15,7 +15,10 @@ from lmsp_core.store import connections, keys
 from tests.support import Api, RedisServer, SseEvent, Worker, collect, logged, sse_events, tiny_spec
 
 if TYPE_CHECKING:
+    from tests.rediscluster import LocalCluster
     from tests.replication import ReplicatedRedis
+
+    AnyRedis = RedisServer | ReplicatedRedis | LocalCluster
 
 
 def models_file(specs: list[dict[str, Any]]) -> str:
@@ -50,7 +53,7 @@ class Group:
     """Real processes around one Redis (a redis-server, or one that fails over): API processes and
     workers, which tests kill and restart."""
 
-    def __init__(self, redis: "RedisServer | ReplicatedRedis", apis: list[Api], workers: list[Worker]) -> None:
+    def __init__(self, redis: "AnyRedis", apis: list[Api], workers: list[Worker]) -> None:
         self.redis_server = redis
         self.apis = apis
         self.workers = workers
@@ -58,7 +61,7 @@ class Group:
         self.http = httpx.AsyncClient(base_url=apis[0].url, timeout=60)
 
     @classmethod
-    async def start(cls, redis: "RedisServer | ReplicatedRedis", apis: list[Api], workers: list[Worker]) -> "Group":
+    async def start(cls, redis: "AnyRedis", apis: list[Api], workers: list[Worker]) -> "Group":
         for worker in workers:
             worker.start()
         for api in apis:
@@ -69,7 +72,7 @@ class Group:
 
     async def close(self) -> None:
         await self.http.aclose()
-        await self.redis.aclose()
+        await connections.close(self.redis)
         processes = [*self.apis, *self.workers]
         for process in processes:  # all stop at once, then each is waited for
             process.terminate()

@@ -262,14 +262,12 @@ class Worker(Service):
             while time.monotonic() < deadline:
                 if self.process.poll() is not None:
                     raise RuntimeError(f"worker exited:\n{self.output()[-3000:]}")
-                for key in await client.keys("lmsp:worker:*"):
-                    raw = await client.get(key)
-                    info = msgspec.json.decode(raw) if raw else {}
-                    if info.get("pid") == self.process.pid and info.get("state") == "ready":
+                for info in await registry.live_workers(client):
+                    if info.pid == self.process.pid and info.state == "ready":
                         return self
                 await asyncio.sleep(0.1)
         finally:
-            await client.aclose()
+            await connections.close(client)
         raise TimeoutError(f"worker not ready:\n{self.output()[-3000:]}")
 
 

@@ -13,6 +13,7 @@ import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import cast
 
 from arq.connections import ArqRedis
 from arq.worker import func
@@ -22,7 +23,8 @@ from lmsp_core import logs
 from lmsp_core.requests.catalog import Catalog, ModelSpec
 from lmsp_core.requests.chat import PromptRenderer
 from lmsp_core.settings import Settings
-from lmsp_core.store import connections, keys, registry
+from lmsp_core.store import connections, keys, queue, registry
+from lmsp_core.store.cluster import ClusterClient
 from lmsp_core.store.queue import GENERATE
 from workers import notices
 from workers.engine.core import Engine
@@ -57,11 +59,16 @@ async def connect(settings: Settings) -> ArqRedis:
     while True:
         try:
             await redis.ping()
+            if connections.is_cluster(redis):
+                await cast(ClusterClient, redis).check_version()
             return redis
+        except RuntimeError as exc:  # a Redis that cannot serve us: said in one line, no retry
+            await connections.close(redis)
+            raise SystemExit(f"lmsp worker: {exc}") from None
         except (RedisError, OSError) as exc:
             left -= 1
             if not left:
-                await redis.aclose()
+                await connections.close(redis)
                 raise
             logger.warning("Redis unavailable (%s); %d more attempts", type(exc).__name__, left)
             await asyncio.sleep(CONNECT_RETRY_DELAY)
@@ -88,7 +95,7 @@ async def serve(settings: Settings, model_ids: list[str], make_engine: EngineFac
         WakeableWorker(
             functions=[func(service.generate, name=GENERATE)],
             queue_name=keys.queue(model_id),
-            redis_pool=redis,
+            redis_pool=queue.arq_client(redis, model_id),  # on a cluster: the queue's shard
             max_jobs=runtime.spec.max_batch_size,
             job_timeout=settings.job_timeout + 60,  # our own limit (job_timeout) fires first
             keep_result=0,
@@ -101,7 +108,7 @@ async def serve(settings: Settings, model_ids: list[str], make_engine: EngineFac
     ]
     reaper = Reaper(redis, service.store, settings, runtimes, held_here=service.runs.keys)
     duties = [service.writer.run(), service.heartbeat(), service.renew_leases(), reaper.run(),
-              notices.listen(redis, service.notices(), service.poll_all)]
+              notices.listen(redis, service.notices(), service.poll_all, sharded=service.wake_channels())]
     background = engines + [asyncio.create_task(duty) for duty in duties]
     polling = [asyncio.create_task(worker.main()) for worker in workers]
     await registry.heartbeat(redis, service.info, settings.worker_ttl)
@@ -116,7 +123,7 @@ async def serve(settings: Settings, model_ids: list[str], make_engine: EngineFac
         await registry.deregister(redis, service.info.id)
     for runtime in runtimes.values():
         runtime.engine.close()
-    await redis.aclose()
+    await connections.close(redis)
 
 
 def compiled_cache(model_cache: Path) -> None:

@@ -30,6 +30,7 @@ import signal
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from arq.constants import in_progress_key_prefix, job_key_prefix, retry_key_prefix
 from arq.worker import Worker
 from redis.exceptions import RedisError
 
@@ -44,8 +45,13 @@ ARQ_INTERNALS: dict[str, tuple[str, ...]] = {
     "start_jobs": ("self", "job_ids"),  # takes a slot (sem, job_counter) per job before its Redis calls
     "_release_sem_dec_counter_on_complete": ("self",),  # called when a started job's task ends
     "handle_sig": ("self", "signum"),  # cancels the running jobs (shutdown)
+    # replaced (see ``finish_job``): a job's end, in one transaction
+    "finish_job": ("self", "job_id", "finish", "result_data", "result_timeout_s", "keep_result_forever", "incr_score",
+                   "keep_in_progress"),
+    "finish_failed_job": ("self", "job_id", "result_data"),
 }
-ARQ_ATTRIBUTES = ("sem", "job_counter", "max_jobs", "tasks", "allow_pick_jobs", "queue_name")
+ARQ_ATTRIBUTES = ("sem", "job_counter", "max_jobs", "tasks", "allow_pick_jobs", "queue_name", "pool",
+                  "allow_abort_jobs", "keep_result_s", "keep_result_forever")
 
 
 Pick = Callable[[int], Awaitable[list[str]]]  # free slots -> the job ids to start, in order
@@ -56,6 +62,8 @@ class WakeableWorker(Worker):
         if pick is not None:
             kwargs["queue_read_limit"] = 1  # arq's read only tells whether anything is queued
         super().__init__(*args, poll_delay=0, handle_signals=False, **kwargs)
+        if self.allow_abort_jobs or self.keep_result_s or self.keep_result_forever:
+            raise ValueError("WakeableWorker ends jobs without aborts or kept results (see finish_job)")
         self.wake = wake
         self.pick = pick
         self._failing = False
@@ -99,6 +107,35 @@ class WakeableWorker(Worker):
     def _release_sem_dec_counter_on_complete(self) -> None:
         super()._release_sem_dec_counter_on_complete()
         self.wake.set()  # a slot is free: take the best queued job now
+
+    # --- a job's end -------------------------------------------------------------------------------
+    # arq's own versions also remove the job from its abort set, one key (``arq:abort``) for every
+    # queue: on a Redis Cluster it is in another slot than the queue and the job's keys, and the
+    # whole transaction would be refused (CROSSSLOT). Jobs are never aborted here
+    # (``allow_abort_jobs`` stays off) and results are not kept (``keep_result=0``), so a job's end
+    # is: forget the job and its markers, take it off the queue (or, not finished, move it on).
+
+    async def finish_job(self, job_id: str, finish: bool, result_data: bytes | None, result_timeout_s: float | None,
+                         keep_result_forever: bool, incr_score: int | None, keep_in_progress: float | None) -> None:
+        async with self.pool.pipeline(transaction=True) as tr:
+            markers = [in_progress_key_prefix + job_id] if keep_in_progress is None else []
+            if keep_in_progress is not None:
+                tr.pexpire(in_progress_key_prefix + job_id, int(keep_in_progress * 1000))
+            if finish:
+                tr.delete(*markers, retry_key_prefix + job_id, job_key_prefix + job_id)
+                tr.zrem(self.queue_name, job_id)
+            else:
+                if markers:
+                    tr.delete(*markers)
+                if incr_score:
+                    tr.zincrby(self.queue_name, incr_score, job_id)
+            await tr.execute()
+
+    async def finish_failed_job(self, job_id: str, result_data: bytes | None) -> None:
+        async with self.pool.pipeline(transaction=True) as tr:
+            tr.delete(retry_key_prefix + job_id, in_progress_key_prefix + job_id, job_key_prefix + job_id)
+            tr.zrem(self.queue_name, job_id)
+            await tr.execute()
 
     # --- shutting down (workers/main.py) ---------------------------------------------------------
 

@@ -92,7 +92,7 @@ class Reaper:
             elif task_id in held_here:
                 next_look[task_id] = now + self.lease_ms  # our renewal is late (Redis was away)
             else:
-                orphans[task_id] = job.decode() if job else task_id
+                orphans[task_id] = job.decode() if job else keys.job_id(task_id, model_id)
         for task_id in await self._requeue(model_id, orphans):
             next_look[task_id] = now + self.recheck_ms
         # announced before the entry goes: a reaper that dies in between leaves it to the next one
@@ -112,7 +112,7 @@ class Reaper:
                 if self.settings.fair_share:
                     await self.store.fair.admit(model_id, old_job, record.owner, self._place(record), _cost(record))
                 continue
-            job = await self.store.requeue(task_id)
+            job = await self.store.requeue(task_id, model_id)
             if job is None:
                 continue  # claimed or finished meanwhile
             fair = (self.store.fair, queue.Ticket(record.owner, _cost(record))) if self.settings.fair_share else None

@@ -64,6 +64,10 @@ class WorkerService:
         handlers[keys.cancel_channel(self.info.id)] = self.cancel_requested
         return handlers
 
+    def wake_channels(self) -> set[str]:
+        """The channels of ``notices`` that are per model: sharded on a cluster."""
+        return {keys.wake_channel(model_id) for model_id in self.wakes}
+
     def poll_all(self) -> None:
         for wake in self.wakes.values():
             wake.set()

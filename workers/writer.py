@@ -30,7 +30,7 @@ import logging
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import msgspec
 from redis.asyncio import Redis
@@ -38,7 +38,7 @@ from redis.exceptions import NoScriptError, RedisError
 
 from lmsp_core import wire
 from lmsp_core.settings import Settings
-from lmsp_core.store import connections
+from lmsp_core.store import cluster, connections, keys
 from lmsp_core.store.eventstore import Append, AppendOutcome, AppendReply, EventStore, Final, reply_of
 
 logger = logging.getLogger(__name__)
@@ -226,7 +226,7 @@ class EventWriter:
         sending = [(log, batch) for log in self._logs.values() for batch in log.batches]
         if not sending:
             return
-        wait = await self._replicas.command(self.redis)
+        waits = await self._waits([log.owner.task_id for log, _ in sending])
         appends: list[Append] = []
         async with self.redis.pipeline(transaction=False) as pipe:
             for log, batch in sending:
@@ -234,15 +234,17 @@ class EventWriter:
                 batch.sent = True
                 appends.append(batch.call(log.owner))
                 self._store.add_to(pipe, appends[-1])
-            if wait is not None:
-                pipe.execute_command(*wait)
+            for wait, target in waits:
+                pipe.execute_command(*wait, **target)
             try:
                 results = await pipe.execute(raise_on_error=False)
             except BaseException:
                 for _, batch in sending:
                     batch.sent = False
                 raise
-        self._note_replicas(results.pop() if wait is not None else None)
+        acknowledged = [results.pop() for _ in waits]
+        self._note_replicas(all(map(self._replicas.confirmed, acknowledged)) if waits else not self._replicas.wanted,
+                            acknowledged)
         if any(isinstance(result, NoScriptError) for result in results):
             await self._store.load_script()  # a restarted Redis: those batches go again
         for (log, batch), append, result in zip(sending, appends, results, strict=True):
@@ -253,13 +255,22 @@ class EventWriter:
         if failed is not None:
             raise failed  # READONLY (a demoted primary behind a plain URL), OOM, ...: back off, then retry
 
-    def _note_replicas(self, answer: object) -> None:
+    async def _waits(self, task_ids: list[str]) -> list[tuple[tuple[Any, ...], dict[str, Any]]]:
+        """The WAITs that end the flush: one, or on a cluster one for each shard written to."""
+        if isinstance(self.redis, cluster.ClusterClient):
+            task_keys = [keys.task(task_id) for task_id in task_ids]
+            waits = await self._replicas.cluster_waits(self.redis, task_keys)
+            return [(wait, {"target_nodes": node}) for wait, node in waits]
+        wait = await self._replicas.command(self.redis)
+        return [] if wait is None else [(wait, {})]
+
+    def _note_replicas(self, confirmed: bool, answers: list[object]) -> None:
         if not self._replicas.wanted:
             return
-        short = not self._replicas.confirmed(answer)
+        short = not confirmed
         if short and not self._replicas_short:
             logger.warning("events are not reaching %d replica(s) (%s); storing them on the primary alone",
-                           self._replicas.wanted, "none online" if answer is None else
+                           self._replicas.wanted, "none online" if not answers else
                            f"no answer within {self._replicas.timeout_ms} ms")
         elif self._replicas_short and not short:
             logger.info("events reach the replicas again")

@@ -23,7 +23,7 @@ from api.openai.errors import errors_only, unsupported
 from api.problems import lmsp_error
 from api.services import Services
 from lmsp_core.settings import Settings
-from lmsp_core.store import connections, credentials
+from lmsp_core.store import connections, credentials, keys
 from lmsp_core.store.files import FileRecord, Order
 from lmsp_core.wire import ids
 from lmsp_core.wire.errors import NotFound
@@ -77,7 +77,7 @@ class OpenAIFilesController(Controller):
         lines = of.batch_lines(content, services.settings.max_batch_lines)
         record = await services.files.create(owner, data.purpose, data.file.filename or "upload.jsonl", content,
                                              lines=lines)
-        await connections.replicated(services.redis, services.replicas)
+        await connections.replicated(services.redis, services.replicas, keys.file(record.id))
         return _json(of.file_object(record))
 
     @get(summary="List files (OpenAI)", opt={"scope": credentials.TASKS_READ}, after_request=errors_only,

@@ -17,7 +17,7 @@ from litestar.params import Body, Parameter
 from api import openapi as doc
 from api.services import Services
 from api.webhooks import targets
-from lmsp_core.store import connections, credentials, webhooks
+from lmsp_core.store import connections, credentials, keys, webhooks
 from lmsp_core.store.webhooks import EndpointRecord
 from lmsp_core.wire import ids
 from lmsp_core.wire import webhooks as wire
@@ -74,7 +74,7 @@ class WebhooksController(Controller):
         except TimeoutError:
             raise targets.TargetUnresolved("The webhook URL's host does not resolve (in time).") from None
         record = await webhooks.create_endpoint(services.redis, owner, url, events)
-        await connections.replicated(services.redis, services.replicas)
+        await connections.replicated(services.redis, services.replicas, keys.all_webhooks())
         return Response(record.with_secret(), status_code=201, headers={"Location": f"{self.path}/{record.id}"})
 
     @get(summary="List webhook endpoints", opt=_SCOPE,
@@ -99,7 +99,7 @@ class WebhooksController(Controller):
     async def delete_webhook(self, webhook_id: str, services: Services, owner: str) -> None:
         if not await webhooks.delete_endpoint(services.redis, webhook_id, owner):
             raise _not_found(webhook_id)
-        await connections.replicated(services.redis, services.replicas)
+        await connections.replicated(services.redis, services.replicas, keys.all_webhooks())
 
     @get("/{webhook_id:str}/deliveries", summary="List an endpoint's deliveries", opt=_SCOPE,
          description="Its recent deliveries (kept 7 days after their last attempt, the newest 1000), newest first, "

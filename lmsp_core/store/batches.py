@@ -22,7 +22,7 @@ from typing import Any, Literal
 import msgspec
 from redis.asyncio import Redis
 
-from lmsp_core.store import keys, scripts
+from lmsp_core.store import cluster, keys, scripts
 
 Status = Literal["validating", "failed", "in_progress", "finalizing", "completed", "expired", "cancelling",
                  "cancelled"]
@@ -85,7 +85,7 @@ class BatchStore:
             index = keys.owner_batches(record.owner)
             pipe.zadd(index, {record.id: int(record.created_at * 1000)})
             pipe.pexpire(index, self.retention_ms)
-            await self._add(keys=[keys.batches_due()], args=[record.id, 0], client=pipe)
+            cluster.evalsha(pipe, self._add, [keys.batches_due()], [record.id, 0])
             await pipe.execute()
 
     async def get(self, batch_id: str, owner: str | None = None) -> BatchRecord | None:

@@ -29,7 +29,7 @@ from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 from redis.exceptions import RedisError
 
 from lmsp_core.settings import Settings
-from lmsp_core.store import keys
+from lmsp_core.store import cluster, keys
 
 # a sentinel that does not answer within this is skipped (the next one is asked)
 SENTINEL_TIMEOUT = 1.0
@@ -55,6 +55,9 @@ class PrimaryPool(SentinelConnectionPool):
 def connect(settings: Settings, **options: Any) -> ArqRedis:
     """A client of the current primary; it connects at its first command, so a process starts (and
     answers 503) while Redis is away. ``options`` go to every connection (``health_check_interval``)."""
+    if settings.cluster_addresses:
+        client = cluster.ClusterClient(settings.cluster_addresses, _cluster_options(settings, options))  # type: ignore[abstract]
+        return cast(ArqRedis, client)
     sentinels = settings.sentinel_addresses
     if not sentinels:
         # (what the URL's query says wins over these options)
@@ -68,11 +71,32 @@ def connect(settings: Settings, **options: Any) -> ArqRedis:
     return cast(ArqRedis, client)
 
 
-def _primary_options(url: str) -> dict[str, Any]:
+def _cluster_options(settings: Settings, options: dict[str, Any]) -> dict[str, Any]:
+    """The nodes' connection options: what the URL says (credentials, TLS) and ``options``."""
+    url = _primary_options(settings.redis_url, "LMSP_REDIS_CLUSTER")
+    url.pop("db", None)  # a cluster has database 0 only (Settings refuses another)
+    # a shard without a primary (failing over, or lost) must not stop the client for the others
+    return {**url, **options, "socket_keepalive": True, "socket_keepalive_options": KEEPALIVE_OPTIONS,
+            "require_full_coverage": False}
+
+
+def is_cluster(redis: Redis) -> bool:
+    return isinstance(redis, cluster.ClusterClient)
+
+
+async def close(redis: Redis) -> None:
+    """Close a client from ``connect``, and on a cluster the single-slot clients made from it."""
+    if isinstance(redis, cluster.ClusterClient):
+        await redis.aclose_all()
+    else:
+        await redis.aclose()
+
+
+def _primary_options(url: str, setting: str = "LMSP_REDIS_SENTINELS") -> dict[str, Any]:
     """What ``LMSP_REDIS_URL`` still says when the sentinels name the host: database, credentials, TLS."""
     options: dict[str, Any] = dict(parse_url(url))
     if "path" in options:
-        raise ValueError("LMSP_REDIS_SENTINELS needs a redis:// or rediss:// LMSP_REDIS_URL, not a unix socket")
+        raise ValueError(f"{setting} needs a redis:// or rediss:// LMSP_REDIS_URL, not a unix socket")
     for name in ("host", "port"):
         options.pop(name, None)
     if options.pop("connection_class", None) is SSLConnection:
@@ -107,8 +131,27 @@ class ReplicaWatch:
             with contextlib.suppress(RedisError, OSError):
                 self.online = _online_replicas(await redis.info("replication"))
                 self._checked = time.monotonic()
-        replicas = self.wanted if self.online is None else min(self.wanted, self.online)
+        return self.for_online(self.wanted if self.online is None else self.online)
+
+    def for_online(self, online: int) -> tuple[str, int, int] | None:
+        """``WAIT`` for a primary with ``online`` replicas (on a cluster: each shard's, from the
+        slot map, which lists the replicas that are not marked as failed)."""
+        replicas = min(self.wanted, online)
         return ("WAIT", replicas, self.timeout_ms) if replicas else None
+
+    async def cluster_waits(self, redis: "cluster.ClusterClient",
+                            task_keys: list[str]) -> list[tuple[tuple[Any, ...], Any]]:
+        """A WAIT for each primary that serves one of ``task_keys``, each with its node, to add to
+        a cluster pipeline after the writes: the pipeline sends a node its commands in order on one
+        connection, so each WAIT covers the writes sent to its shard (docs/reliability.md)."""
+        if not self.wanted:
+            return []
+        waits = []
+        for node, replicas in (await redis.shards_of(task_keys)).values():
+            wait = self.for_online(replicas)
+            if wait is not None:
+                waits.append((wait, node))
+        return waits
 
     def confirmed(self, answer: object) -> bool:
         """Whether a WAIT answer (or None: no WAIT sent) means the wanted replicas hold the writes."""
@@ -121,16 +164,32 @@ def _online_replicas(info: dict[str, Any]) -> int:
                if name.startswith("slave") and isinstance(value, dict) and value.get("state") == "online")
 
 
-async def replicated(redis: Redis, watch: ReplicaWatch) -> bool:
+async def replicated(redis: Redis, watch: ReplicaWatch, key: str) -> bool:
     """Wait until the replicas hold every write made before this call, by any connection (at most
-    the WAIT timeout). False: they did not confirm (the primary alone holds them)."""
+    the WAIT timeout), on the Redis, or the cluster shard, that holds ``key``. False: they did not
+    confirm (the primary alone holds them)."""
+    if isinstance(redis, cluster.ClusterClient):
+        return await _replicated_shard(redis, watch, key)
     wait = await watch.command(redis)
     if wait is None:
         return not watch.wanted
     async with redis.pipeline(transaction=False) as pipe:
         # WAIT waits for the replication offset of its own connection's last write: a write on this
         # connection (a PUBLISH, which replicas receive) moves it past every write made before it
-        pipe.publish(keys.replication_mark(), b"")
+        pipe.publish(keys.replication_mark(key), b"")
         pipe.execute_command(*wait)
+        _, acknowledged = await pipe.execute()
+    return watch.confirmed(acknowledged)
+
+
+async def _replicated_shard(redis: "cluster.ClusterClient", watch: ReplicaWatch, key: str) -> bool:
+    waits = await watch.cluster_waits(redis, [key])
+    if not waits:
+        return not watch.wanted
+    (wait, node), = waits
+    async with redis.pipeline(transaction=False) as pipe:
+        # a sharded message on a channel of the key's slot: a write on the connection to its primary
+        pipe.execute_command("SPUBLISH", keys.replication_mark(key), b"")
+        pipe.execute_command(*wait, target_nodes=node)
         _, acknowledged = await pipe.execute()
     return watch.confirmed(acknowledged)

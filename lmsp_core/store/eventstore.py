@@ -127,7 +127,8 @@ class EventStore:
         """Queue the call in ``pipe``; its answer goes to ``reply_of``. EVALSHA straight into the
         pipeline: redis-py's Script would ask SCRIPT EXISTS first, a second round trip; a Redis
         that lost its scripts answers NOSCRIPT instead (then ``load_script`` and send again)."""
-        pipe.execute_command(b"EVALSHA", self._sha, *_call_keys(append.task_id), *self._args(append))
+        # (the command name as text: a cluster pipeline looks it up to find the keys' slot)
+        pipe.execute_command("EVALSHA", self._sha, *_call_keys(append.task_id), *self._args(append))
 
     async def append(self, append: Append) -> AppendReply:
         """One append on its own (loads the script when Redis lacks it)."""

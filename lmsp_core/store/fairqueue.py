@@ -27,7 +27,7 @@ import msgspec
 from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
 
-from lmsp_core.store import keys, scripts
+from lmsp_core.store import cluster, keys, scripts
 from lmsp_core.store.principals import PrincipalSettings
 
 SEP = "\x01"
@@ -88,9 +88,13 @@ class FairQueue:
         principal was charged beyond ``used_tokens``."""
         await self._finish(keys=keys.fair_queue(model_id), args=[job_id, used_tokens, weight, int(requeue)])
 
-    async def drop(self, model_id: str, job_id: str, *, pipe: Pipeline | None = None) -> None:
-        """Forget a job that left the arq queue without running (added to ``pipe`` when given)."""
-        await self._drop(keys=keys.fair_queue(model_id), args=[job_id], client=pipe)
+    async def drop(self, model_id: str, job_id: str) -> None:
+        """Forget a job that left the arq queue without running."""
+        await self._drop(keys=keys.fair_queue(model_id), args=[job_id])
+
+    def drop_in(self, pipe: Pipeline, model_id: str, job_id: str) -> None:
+        """``drop``, added to a pipeline or transaction."""
+        cluster.evalsha(pipe, self._drop, keys.fair_queue(model_id), [job_id])
 
     async def renew(self, model_id: str, running: Iterable[tuple[str, str]], lease_ms: int) -> None:
         """Renew the running entries of (principal, job) pairs that this worker runs."""
@@ -101,7 +105,7 @@ class FairQueue:
     async def shares(self, model_ids: list[str]) -> dict[str, list[Share]]:
         """Per model: each principal with waiting or running jobs, and how many."""
         async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.time()
+            pipe.execute_command("TIME")  # (a cluster pipeline refuses its ``time()``; any node's clock)
             for model_id in model_ids:
                 _, ready, _, running, _ = keys.fair_queue(model_id)
                 pipe.zrange(ready, 0, -1)

@@ -1,9 +1,14 @@
 """Every Redis key and channel the service uses, in one place.
 
 Keys of one task share the hash tag ``{task_id}`` so that the Lua scripts that touch a task's
-record and its event stream together stay within one slot on Redis Cluster. arq names the keys of
-its jobs itself; the functions at the end only spell them for the reaper.
+record and its event stream together stay within one slot on Redis Cluster, and tasks spread over
+the shards. A model's queue, its fair share, its wake channel and arq's keys of its jobs share the
+model's tag (``model_tag``): arq's transactions and the fair queue's scripts stay in one slot. arq
+names the keys of its jobs itself, from the job id, which carries that tag (``job_id``); the
+functions at the end only spell them for the reaper.
 """
+
+import hashlib
 
 from arq.constants import in_progress_key_prefix, job_key_prefix, retry_key_prefix
 
@@ -48,16 +53,35 @@ def owner_tasks(owner: str) -> str:
     return f"{PREFIX}:owner:{owner}:tasks"
 
 
+def model_tag(model_id: str) -> str:
+    """The hash tag of a model's queue keys: its id, or a digest of an id that has braces in it
+    (which would end the tag early)."""
+    if "{" in model_id or "}" in model_id:
+        return hashlib.sha1(model_id.encode()).hexdigest()[:16]
+    return model_id
+
+
+def job_id(task_id: str, model_id: str) -> str:
+    """The id of a task's first arq job, ``task_id{model tag}``: arq's keys of the job
+    (``arq:job:<id>``, ...) hash to its model's queue slot. A reaper's fresh job adds ``:<n>``."""
+    return f"{task_id}{{{model_tag(model_id)}}}"
+
+
+def task_of_job(job: str) -> str:
+    """The task whose job this is (``job_id``, or a reaper's ``<job id>:<n>``)."""
+    return job.partition("{")[0]
+
+
 def active_tasks(model_id: str) -> str:
     """Sorted set: the model's unfinished tasks, each scored by when a reaper should next look at it
     (Redis server time, ms). Only an index: the task hash is the truth, and entries of tasks that
     finished or vanished are dropped when they come due (see ``workers/reaper.py``)."""
-    return f"{PREFIX}:active:{model_id}"
+    return f"{PREFIX}:active:{{{model_tag(model_id)}}}"
 
 
 def queue(model_id: str) -> str:
     """arq queue (sorted set of job ids) of a model."""
-    return f"{PREFIX}:queue:{model_id}"
+    return f"{PREFIX}:queue:{{{model_tag(model_id)}}}"
 
 
 def fair_queue(model_id: str) -> list[str]:
@@ -74,13 +98,14 @@ def fair_queue(model_id: str) -> list[str]:
       ms) unless the job's worker renews it;
     - ``jobs``: hash, job id -> ``principal SOH queue-score SOH cost``, from enqueue until the job ends.
     """
-    base = f"{PREFIX}:fair:{{{model_id}}}"
+    base = f"{PREFIX}:fair:{{{model_tag(model_id)}}}"
     return [f"{base}:waiting", f"{base}:ready", f"{base}:state", f"{base}:running", f"{base}:jobs"]
 
 
 def wake_channel(model_id: str) -> str:
-    """Pub/sub channel: published after an enqueue so idle workers poll at once."""
-    return f"{PREFIX}:wake:{model_id}"
+    """Pub/sub channel: published after an enqueue so idle workers poll at once (sharded on a
+    cluster, in the queue's slot)."""
+    return f"{PREFIX}:wake:{{{model_tag(model_id)}}}"
 
 
 def cancel_channel(worker_id: str) -> str:
@@ -94,25 +119,34 @@ def hub_wake(hub_id: str) -> str:
     return f"{PREFIX}:hubwake:{hub_id}"
 
 
-def replication_mark() -> str:
+def replication_mark(key: str) -> str:
     """Pub/sub channel that nobody reads: an empty message published before WAIT, so that the WAIT
-    covers every write made before it (see ``lmsp_core.store.connections.replicated``)."""
-    return f"{PREFIX}:replicated"
+    covers every write made before it (see ``lmsp_core.store.connections.replicated``); in the slot
+    of ``key``, whose shard the WAIT is about on a cluster."""
+    return f"{PREFIX}:replicated:{{{hash_tag(key)}}}"
+
+
+def hash_tag(key: str) -> str:
+    """What Redis Cluster hashes of a key: the text between its first ``{`` and the next ``}``
+    when that is not empty, else the whole key."""
+    start = key.find("{")
+    end = key.find("}", start + 1)
+    return key[start + 1:end] if start >= 0 and end > start + 1 else key
 
 
 def model_card(model_id: str) -> str:
     """String: the model card a worker publishes (tokenizer and chat template)."""
-    return f"{PREFIX}:model:{model_id}:card"
+    return f"{PREFIX}:model:{{{model_tag(model_id)}}}:card"
 
 
 def model_card_digest(model_id: str) -> str:
     """String: digest of the model card, so readers can tell cheaply whether it changed."""
-    return f"{PREFIX}:model:{model_id}:card-digest"
+    return f"{PREFIX}:model:{{{model_tag(model_id)}}}:card-digest"
 
 
 def workers() -> str:
     """Sorted set: worker id -> expiry time (ms) of its last heartbeat."""
-    return f"{PREFIX}:workers"
+    return f"{PREFIX}:{{workers}}"
 
 
 def metrics() -> str:
@@ -123,7 +157,7 @@ def metrics() -> str:
 
 def worker(worker_id: str) -> str:
     """Hash: what a worker runs (models, host, pid, started_at)."""
-    return f"{PREFIX}:worker:{worker_id}"
+    return f"{PREFIX}:{{workers}}:worker:{worker_id}"
 
 
 # --- batches (``lmsp_core.store.batches``): one hash tag per batch ----------------------------------
@@ -191,6 +225,8 @@ def owner_files(owner: str) -> str:
 # --- security: credentials (bearer tokens), idempotency, rate and stream limits ---------------
 # Credential keys share the hash tag ``{auth}`` so that creating or revoking a token (the token and
 # the index together) is one transaction on Redis Cluster too. Tokens are few; one slot is fine.
+# A principal's idempotency keys, rate window and open streams share the tag ``{principal:NAME}``:
+# one principal's request touches one shard, and principals spread over the shards.
 
 
 def credential(token_hash: str) -> str:
@@ -210,17 +246,17 @@ def principals() -> str:
 
 def idempotency(principal: str, key_digest: str) -> str:
     """String: ``{task_id, fingerprint}`` of a principal's Idempotency-Key (digest of the key)."""
-    return f"{PREFIX}:idem:{principal}:{key_digest}"
+    return f"{PREFIX}:idem:{{principal:{principal}}}:{key_digest}"
 
 
 def rate(principal: str) -> str:
     """String: a principal's request count in the current fixed window (expires with the window)."""
-    return f"{PREFIX}:rate:{principal}"
+    return f"{PREFIX}:rate:{{principal:{principal}}}"
 
 
 def streams(principal: str) -> str:
     """Sorted set: a principal's open SSE streams (member per stream, score: its lease expiry, ms)."""
-    return f"{PREFIX}:streams:{principal}"
+    return f"{PREFIX}:streams:{{principal:{principal}}}"
 
 
 # --- webhooks (``lmsp_core.store.webhooks``) ------------------------------------------------------

@@ -15,21 +15,25 @@ Which waiting job starts next is the fair queue's choice (``fairqueue``): each j
 too, for its principal, and workers start the jobs it picks; with ``LMSP_FAIR_SHARE=0`` they start
 jobs in score order, as arq reads them.
 
-A task's first job has the task's id; a reaper that finds a task nobody runs gives it a fresh job
-(``<task id>:<n>``, see ``scripts.REQUEUE``) at the same place and removes the old one, which a
+A task's first job has the id ``keys.job_id`` (the task's id and its model's hash tag); a reaper
+that finds a task nobody runs gives it a fresh job (``<first job id>:<n>``, see
+``scripts.REQUEUE``) at the same place and removes the old one, which a
 killed worker leaves marked as running until arq's own in-progress expiry (the job time limit plus
 a minute).
+
+On Redis Cluster arq runs on a connection to the primary of its model's queue slot
+(``cluster.ClusterClient.pinned``): its transactions are over keys of that slot only.
 """
 
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 from arq.connections import ArqRedis
 from redis.asyncio import Redis
 
 from lmsp_core.requests.extensions import Priority
-from lmsp_core.store import keys, principals
+from lmsp_core.store import cluster, keys, principals
 from lmsp_core.store.fairqueue import FairQueue
 
 GENERATE = "generate"
@@ -58,9 +62,9 @@ async def enqueue(pool: ArqRedis, task_id: str, model_id: str, queued_at: dateti
     now) and, with ``fair``, admit it to the fair queue. False (and nothing queued) when the
     principal has its ``max_queued`` waiting jobs already. A job id that exists already is not
     queued twice."""
-    job_id = job_id or task_id
+    job_id = job_id or keys.job_id(task_id, model_id)
     queued_at = queued_at or datetime.now(UTC)
-    await pool.enqueue_job(GENERATE, task_id, _job_id=job_id, _queue_name=keys.queue(model_id),
+    await arq_client(pool, model_id).enqueue_job(GENERATE, task_id, _job_id=job_id, _queue_name=keys.queue(model_id),
                            _defer_until=queued_at, _expires=JOB_EXPIRY)
     # admitted after arq has it, so a worker never picks a job that arq cannot start yet
     if fair is not None:
@@ -72,9 +76,20 @@ async def enqueue(pool: ArqRedis, task_id: str, model_id: str, queued_at: dateti
     return True
 
 
+def arq_client(redis: Redis, model_id: str) -> ArqRedis:
+    """The client that arq uses for the model's queue: on a cluster, one of its slot's primary."""
+    if isinstance(redis, cluster.ClusterClient):
+        return redis.pinned(keys.queue(model_id))
+    return cast(ArqRedis, redis)
+
+
 async def wake(redis: Redis, model_id: str) -> None:
-    """Tell the model's idle workers to poll now."""
-    await redis.publish(keys.wake_channel(model_id), "")
+    """Tell the model's idle workers to poll now (on a cluster with a sharded message, which only
+    the queue's shard carries)."""
+    if isinstance(redis, cluster.ClusterClient):
+        await redis.execute_command("SPUBLISH", keys.wake_channel(model_id), "")
+    else:
+        await redis.publish(keys.wake_channel(model_id), "")
 
 
 async def pending(pool: ArqRedis, model_id: str, job_ids: Sequence[str]) -> list[bool]:
@@ -93,7 +108,7 @@ async def drop(pool: ArqRedis, model_id: str, job_id: str) -> None:
     async with pool.pipeline(transaction=True) as pipe:
         pipe.zrem(keys.queue(model_id), job_id)
         pipe.delete(*keys.arq_job_keys(job_id))
-        await FairQueue(pool).drop(model_id, job_id, pipe=pipe)
+        FairQueue(pool).drop_in(pipe, model_id, job_id)
         await pipe.execute()
 
 
@@ -102,7 +117,7 @@ async def queue_position(pool: ArqRedis, task_id: str, model_id: str, job_id: st
     """1-based place of the task's job in its model's queue, or None once it has left it: with
     ``fair``, its place in the fair order (``FairQueue.position``); else, or for a job the fair
     queue does not hold, its rank by score."""
-    job_id = job_id or task_id
+    job_id = job_id or keys.job_id(task_id, model_id)
     if fair:
         place = await FairQueue(pool).position(model_id, job_id, await principals.load(pool))
         if place is not None:
@@ -121,5 +136,5 @@ async def withdraw(redis: Redis, job_id: str, model_id: str) -> None:
     async with redis.pipeline(transaction=False) as pipe:
         pipe.zrem(keys.queue(model_id), job_id)
         pipe.delete(keys.arq_job(job_id))
-        await FairQueue(redis).drop(model_id, job_id, pipe=pipe)
+        FairQueue(redis).drop_in(pipe, model_id, job_id)
         await pipe.execute()

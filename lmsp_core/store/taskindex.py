@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
 
-from lmsp_core.store import keys, scripts
+from lmsp_core.store import cluster, keys, scripts
 
 
 class ActiveIndex:
@@ -23,7 +23,10 @@ class ActiveIndex:
 
     async def add(self, model_id: str, task_id: str, delay_ms: int, *, pipe: Pipeline | None = None) -> None:
         """Look at the task ``delay_ms`` from now (added to ``pipe`` when one is given)."""
-        await self._add(keys=[keys.active_tasks(model_id)], args=[task_id, delay_ms], client=pipe)
+        if pipe is None:
+            await self._add(keys=[keys.active_tasks(model_id)], args=[task_id, delay_ms])
+        else:
+            cluster.evalsha(pipe, self._add, [keys.active_tasks(model_id)], [task_id, delay_ms])
 
     async def take(self, model_id: str, limit: int, hold_ms: int) -> tuple[int, list[str]]:
         """The server time and up to ``limit`` due task ids, held for ``hold_ms`` (other reapers skip

@@ -18,7 +18,7 @@ from redis.asyncio import Redis
 
 from lmsp_core import wire
 from lmsp_core.settings import Settings
-from lmsp_core.store import eventlog, finished, keys, metrics, queue, scripts
+from lmsp_core.store import cluster, eventlog, finished, keys, metrics, queue, scripts
 from lmsp_core.store.eventstore import unpack_tokens
 from lmsp_core.store.fairqueue import FairQueue
 from lmsp_core.store.taskindex import ActiveIndex
@@ -267,7 +267,7 @@ class TaskStore:
             args=[data, response, self.event_ttl_ms, self.task_ttl_ms, record.id, keys.cancel_channel("")]
         )).decode()
         if status == "dequeued":  # only the call that cancelled it counts it
-            await queue.withdraw(self.redis, record.job or record.id, record.model)
+            await queue.withdraw(self.redis, record.job or keys.job_id(record.id, record.model), record.model)
             await finished.announce(self.redis, [record.id])
             await metrics.add_now(self.redis, metrics.FINISHED, (record.model, "cancelled"))
             return CancelOutcome.DEQUEUED
@@ -302,7 +302,7 @@ class TaskStore:
         ttl = self.lease_ttl_ms
         async with self.redis.pipeline(transaction=False) as pipe:
             for task_id, lease in leases.items():
-                await self._renew(keys=[keys.task(task_id)], args=[lease, ttl], client=pipe)
+                cluster.evalsha(pipe, self._renew, [keys.task(task_id)], [lease, ttl])
             results = await pipe.execute()
         return {task_id for task_id, ok in zip(leases, results, strict=True) if not ok}
 
@@ -310,9 +310,9 @@ class TaskStore:
         """Hand a held task back so that another worker claims it at once."""
         return bool(await self._release(keys=[keys.task(task_id)], args=[lease]))
 
-    async def requeue(self, task_id: str) -> str | None:
+    async def requeue(self, task_id: str, model_id: str) -> str | None:
         """A fresh job id for a task that nobody holds (see ``scripts.REQUEUE``), or None."""
-        job = await self._requeue(keys=[keys.task(task_id)], args=[task_id])
+        job = await self._requeue(keys=[keys.task(task_id)], args=[keys.job_id(task_id, model_id)])
         return None if job is None else str(job.decode())
 
 

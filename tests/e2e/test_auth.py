@@ -16,6 +16,7 @@ from lmsp.up import auth_for_up
 from lmsp_core.settings import Settings
 from lmsp_core.store import credentials
 from lmsp_core.wire.errors import InvalidRequest
+from tests.backends import backend, client, eager_worker, make_token, redis, redis_settings, secure, served  # noqa: F401 (fixtures: both deployments)
 from tests.support import (
     OPENAI_ROUTES,
     ROOT,

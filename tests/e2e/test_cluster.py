@@ -1,4 +1,5 @@
-"""The whole flow across two API processes and two workers sharing one Redis, with short retention."""
+"""The whole flow across two API processes and two workers sharing one Redis, with short retention;
+and the same on a Redis Cluster of three shards."""
 
 import asyncio
 import time
@@ -6,9 +7,14 @@ from collections.abc import AsyncIterator
 from contextlib import aclosing
 
 import httpx
+import pytest
 import pytest_asyncio
 
 from lmsp_core import wire
+from lmsp_core.settings import load_settings
+from lmsp_core.store import connections, keys
+from tests.backends import BACKENDS
+from tests.rediscluster import LocalCluster
 from tests.support import (
     Api,
     RedisServer,
@@ -25,19 +31,20 @@ RETENTION = 3
 
 
 class Cluster:
-    def __init__(self, a: httpx.AsyncClient, b: httpx.AsyncClient, redis: RedisServer,
+    def __init__(self, a: httpx.AsyncClient, b: httpx.AsyncClient, redis: RedisServer | LocalCluster,
                  workers: list[Worker]) -> None:
         self.a, self.b, self.redis, self.workers = a, b, redis, workers
 
 
-@pytest_asyncio.fixture(scope="module")
-async def cluster(models_file: str) -> AsyncIterator[Cluster]:
-    redis = RedisServer()
-    redis.start()
-    settings = {"models_file": models_file, "event_retention": RETENTION}
-    apis = [Api(redis.url, **settings).start() for _ in range(2)]
+@pytest_asyncio.fixture(scope="module", params=BACKENDS)
+async def cluster(models_file: str, request: pytest.FixtureRequest) -> AsyncIterator[Cluster]:
+    redis: RedisServer | LocalCluster = RedisServer() if request.param == "redis" else LocalCluster(replicas=0)
+    await asyncio.to_thread(redis.start)
+    url, where = redis.settings["redis_url"], {k: v for k, v in redis.settings.items() if k != "redis_url"}
+    settings = {"models_file": models_file, "event_retention": RETENTION, **where}
+    apis = [Api(url, **settings).start() for _ in range(2)]
     # tiny-serial runs one task at a time on each worker (test_both_workers_take_tasks)
-    workers = [Worker(redis.url, ["tiny-random", "tiny-serial"], **settings) for _ in range(2)]
+    workers = [Worker(url, ["tiny-random", "tiny-serial"], **settings) for _ in range(2)]
     for worker in workers:
         worker.start()
     try:
@@ -82,11 +89,11 @@ async def test_both_workers_take_tasks(cluster: Cluster) -> None:
     second = (await cluster.b.post("/lmsp/v1/tasks", json=body(model="tiny-serial", max_output_tokens=20))).json()
     assert_complete_log(logged(await collect(cluster.a, "GET", f"/lmsp/v1/tasks/{second['id']}/events")))
     assert (await cluster.b.post(f"/lmsp/v1/tasks/{first['id']}/cancel")).json()["status"] == "cancelled"
-    client = cluster.redis.client()
+    client = connections.connect(load_settings({}, **cluster.redis.settings))
     try:
-        claimed_by = {await client.hget(f"lmsp:task:{{{t['id']}}}", "worker") for t in (first, second)}
+        claimed_by = {await client.hget(keys.task(t["id"]), "worker") for t in (first, second)}
     finally:
-        await client.aclose()
+        await connections.close(client)
     assert len(claimed_by) == 2 and None not in claimed_by
 
 

@@ -1,6 +1,7 @@
 """compose.yaml: its structure, and `docker compose config` (or `docker-compose config`) where a
 compose client is installed (`scripts/bootstrap --test` installs Debian's docker-compose)."""
 
+import ipaddress
 import shutil
 import subprocess
 from pathlib import Path
@@ -38,6 +39,7 @@ def check(config: dict[str, Any]) -> None:
         assert worker["command"][:2] == ["lmsp", "worker"]
     assert {"redis-data", "model-cache"} <= set(config["volumes"])
     check_sentinel_profile(services)
+    check_cluster_profile(services, config["networks"])
 
 
 def check_sentinel_profile(services: dict[str, Any]) -> None:
@@ -58,6 +60,42 @@ def check_sentinel_profile(services: dict[str, Any]) -> None:
         assert "LMSP_REDIS_SENTINELS" in services[name]["environment"]
         assert services[name]["environment"]["LMSP_REDIS_MASTER"] == master
     assert not in_profile & {"redis", "api", "worker-gpu0"}  # the default services run without the profile
+
+
+def check_cluster_profile(services: dict[str, Any], networks: dict[str, Any]) -> None:
+    """``--profile cluster``: six Redis Cluster nodes at fixed addresses of their own network, a
+    one-shot service that joins them (three primaries, a replica each), and an API and a worker
+    that name every node and start once the cluster is formed."""
+    in_profile = {name for name, service in services.items() if "cluster" in service.get("profiles", [])}
+    [subnet] = [ipaddress.ip_network(block["subnet"]) for block in networks["cluster"]["ipam"]["config"]]
+    nodes = sorted(name for name in in_profile if name.startswith("redis-cluster-") and name != "redis-cluster-init")
+    assert len(nodes) == 6
+    addresses = []
+    for name in nodes:
+        node = services[name]
+        command = node["command"]
+        assert command[0] == "redis-server" and command[command.index("--cluster-enabled") + 1] == "yes"
+        assert command[command.index("--appendonly") + 1] == "yes"
+        assert command[command.index("--cluster-config-file") + 1].startswith("/data/")
+        assert any(":/data" in str(volume) for volume in node["volumes"])
+        address = node["networks"]["cluster"]["ipv4_address"]
+        assert ipaddress.ip_address(address) in subnet
+        addresses.append(f"{address}:6379")
+    assert len(set(addresses)) == 6
+    init = services["redis-cluster-init"]
+    script = " ".join(init["command"])
+    assert "--cluster create" in script and "--cluster-replicas 1" in script
+    assert all(address in script for address in addresses)
+    assert set(init["depends_on"]) == set(nodes) and "redis-cluster-init" in in_profile
+    for name in ("api-cluster", "worker-cluster"):
+        service = services[name]
+        assert name in in_profile and "cluster" in set(service["networks"])
+        assert set(service["environment"]["LMSP_REDIS_CLUSTER"].split(",")) == set(addresses)
+        assert "LMSP_REDIS_SENTINELS" not in service["environment"]  # the two exclude each other
+        assert service["depends_on"]["redis-cluster-init"]["condition"] == "service_completed_successfully"
+    assert services["worker-cluster"]["command"][:2] == ["lmsp", "worker"]
+    assert services["api-cluster"]["command"][:2] == ["lmsp", "api"]
+    assert not in_profile & {"redis", "api", "worker-gpu0"}
 
 
 def test_compose_file_structure() -> None:

@@ -10,6 +10,7 @@ import pytest_asyncio
 import redis.asyncio as aioredis
 
 from lmsp_core import wire
+from tests.backends import backend, client, eager_worker, make_token, redis, redis_settings, secure, served  # noqa: F401 (fixtures: both deployments)
 from tests.support import (
     TOOLS,
     Api,

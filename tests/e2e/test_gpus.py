@@ -45,7 +45,7 @@ async def _children(redis: aioredis.Redis, supervisor: int, count: int, exclude:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         found = {}
-        for key in await redis.keys("lmsp:worker:*"):
+        for key in await redis.keys("lmsp:{workers}:worker:*"):
             raw = await redis.get(key)
             info = msgspec.json.decode(raw) if raw else {}
             pid = info.get("pid", 0) if info.get("state", "ready") == "ready" else 0

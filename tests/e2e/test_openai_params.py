@@ -226,7 +226,7 @@ async def test_service_tier_orders_the_queue(api: Api, variant_worker: Worker, r
                 model=SERIAL, input="Hi", max_output_tokens=2, store=False, metadata={"tier": tier},
                 **({} if tier == "default" else {"service_tier": tier}))))
             await _until(lambda: queue.depth(redis, SERIAL), len(answers) + 1)
-        order = [(await redis.hget(keys.task(job.decode()), "metadata")) or b'{"tier": "blocker"}'
+        order = [(await redis.hget(keys.task(keys.task_of_job(job.decode())), "metadata")) or b'{"tier": "blocker"}'
                  for job in await redis.zrange(keys.queue(SERIAL), 0, -1)]
         assert [json.loads(tier)["tier"] for tier in order] == ["default", "priority", "blocker", "flex"]
         await http.post(f"/lmsp/v1/tasks/{blocker}/cancel")

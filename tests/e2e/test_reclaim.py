@@ -157,15 +157,15 @@ async def test_a_task_whose_job_was_lost_still_runs(group: Group) -> None:
     lost = await _record(store, body(MODEL, "lost", max_output_tokens=20))
     stuck = await _record(store, body(MODEL, "lost", max_output_tokens=20))
     # the state arq leaves when a worker dies between starting a job and claiming its task
-    await group.redis.set(keys.arq_in_progress(stuck), b"1", ex=3600)
+    await group.redis.set(keys.arq_in_progress(keys.job_id(stuck, MODEL)), b"1", ex=3600)
     await queue.enqueue(group.redis, stuck, MODEL)
     for task_id in (lost, stuck):
         log = await group.log(task_id)
         assert_exactly_once(log)
         assert text_of(log) == reference
-        assert await group.field(task_id, "job") == f"{task_id}:1"
-    assert await group.redis.zscore(keys.queue(MODEL), stuck) is None  # the dead job is gone
-    assert not await group.redis.exists(keys.arq_in_progress(stuck))
+        assert await group.field(task_id, "job") == f"{keys.job_id(task_id, MODEL)}:1"
+    assert await group.redis.zscore(keys.queue(MODEL), keys.job_id(stuck, MODEL)) is None  # the dead job is gone
+    assert not await group.redis.exists(keys.arq_in_progress(keys.job_id(stuck, MODEL)))
     # the index forgets finished tasks
     await wait_for(lambda: _unindexed(store, [lost, stuck]), what="index entries dropped")
 

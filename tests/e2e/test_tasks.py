@@ -11,6 +11,7 @@ import redis.asyncio as aioredis
 
 from lmsp_core import wire
 from lmsp_core.store import keys
+from tests.backends import backend, client, eager_worker, make_token, redis, redis_settings, secure, served  # noqa: F401 (fixtures: both deployments)
 from tests.support import (
     Api,
     SseEvent,

@@ -33,7 +33,7 @@ async def new_task(store: TaskStore, model: str, **request: Any) -> TaskRecord:
 
 
 async def claim(store: TaskStore, record: TaskRecord, lease: str, job: str | None = None) -> Claim:
-    return await store.claim(record, "unit-worker", job or record.id, lease, FAILURE)
+    return await store.claim(record, "unit-worker", job or keys.job_id(record.id, record.model), lease, FAILURE)
 
 
 async def claimed(store: TaskStore, record: TaskRecord, lease: str) -> Claim:

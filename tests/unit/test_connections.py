@@ -9,7 +9,7 @@ from redis.asyncio.sentinel import MasterNotFoundError
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from lmsp_core.settings import Settings, load_settings
-from lmsp_core.store import connections
+from lmsp_core.store import connections, keys
 from tests.support import RedisServer, free_port
 
 
@@ -19,10 +19,23 @@ def test_sentinel_settings() -> None:
     assert settings.sentinel_addresses == [("10.0.0.1", 26379), ("::1", 26380), ("sentinel-3", 1)]
     assert settings.wait_replicas == 1  # with sentinels, events wait for a replica by default
     assert settings.redis_env() == {"LMSP_REDIS_URL": Settings().redis_url,
-                                    "LMSP_REDIS_SENTINELS": settings.redis_sentinels, "LMSP_REDIS_MASTER": "lmsp"}
+                                    "LMSP_REDIS_SENTINELS": settings.redis_sentinels, "LMSP_REDIS_MASTER": "lmsp",
+                                    "LMSP_REDIS_CLUSTER": ""}
     assert load_settings({}).wait_replicas == 0 and load_settings({}).sentinel_addresses == []
     assert load_settings({"LMSP_REDIS_WAIT_REPLICAS": "0", "LMSP_REDIS_SENTINELS": "h:1"}).wait_replicas == 0
     assert load_settings({"LMSP_REDIS_WAIT_REPLICAS": "2"}).wait_replicas == 2
+
+
+def test_cluster_settings() -> None:
+    settings = load_settings({"LMSP_REDIS_CLUSTER": "10.0.0.1:7000,node-2:7001"})
+    assert settings.cluster_addresses == [("10.0.0.1", 7000), ("node-2", 7001)]
+    assert settings.wait_replicas == 1  # with a cluster, events wait for their shard's replica by default
+    assert settings.redis_env()["LMSP_REDIS_CLUSTER"] == "10.0.0.1:7000,node-2:7001"
+    for wrong, said in ([{"LMSP_REDIS_CLUSTER": "h:1", "LMSP_REDIS_SENTINELS": "s:2"}, "exclude each other"],
+                        [{"LMSP_REDIS_CLUSTER": "h:1", "LMSP_REDIS_URL": "redis://h:1/2"}, "database 0 only"],
+                        [{"LMSP_REDIS_CLUSTER": "h"}, "not host:port"]):
+        with pytest.raises(msgspec.ValidationError, match=said):
+            load_settings(wrong)
     for bad in ("sentinel", "h:", ":26379", "h:0", "h:65536", "h:port"):
         with pytest.raises(msgspec.ValidationError, match="not host:port"):
             load_settings({"LMSP_REDIS_SENTINELS": bad})
@@ -42,11 +55,12 @@ async def test_writes_wait_only_for_replicas_that_are_online(redis_server: Redis
     try:
         none_wanted = connections.ReplicaWatch(Settings())
         assert await none_wanted.command(client) is None
-        assert await connections.replicated(client, none_wanted)
+        assert await connections.replicated(client, none_wanted, keys.task("t"))
         watch = connections.ReplicaWatch(Settings(redis_wait_replicas=1, redis_wait_timeout=30))
         start = time.monotonic()
         assert await watch.command(client) is None and watch.online == 0
-        assert not await connections.replicated(client, watch)  # not confirmed: the primary alone holds it
+        # not confirmed: the primary alone holds it
+        assert not await connections.replicated(client, watch, keys.task("t"))
         assert time.monotonic() - start < 5
     finally:
         await client.aclose()

@@ -35,7 +35,7 @@ async def test_a_sweep(redis: aioredis.Redis, settings: Settings, model: str) ->
         orphan = await new_task(store, model, extensions={"x-priority": "high"})  # its worker died
         await queue.enqueue(pool, orphan.id, model)
         await claimed(store, orphan, "dead")
-        await pool.set(keys.arq_in_progress(orphan.id), b"1")  # arq still marks its job as running
+        await pool.set(keys.arq_in_progress(keys.job_id(orphan.id, model)), b"1")  # arq still marks its job as running
         await lapse(redis, orphan)
         waiting = await new_task(store, model)  # handed back on shutdown: its job waits in the queue
         await queue.enqueue(pool, waiting.id, model)
@@ -63,17 +63,19 @@ async def test_a_sweep(redis: aioredis.Redis, settings: Settings, model: str) ->
 
         queued = {job.decode(): score for job, score in await pool.zrange(keys.queue(model), 0, -1, withscores=True)}
         # a fresh job for each task nobody holds and no job of which waits, at the task's own place
-        assert set(queued) == {f"{orphan.id}:1", waiting.id, f"{lost.id}:1"}
+        first = {record.id: keys.job_id(record.id, model) for record in tasks}
+        assert set(queued) == {f"{first[orphan.id]}:1", first[waiting.id], f"{first[lost.id]}:1"}
         place = queue.score(orphan.created_at, "high", settings.priority_step).timestamp() * 1000
-        assert abs(queued[f"{orphan.id}:1"] - place) <= 1
+        assert abs(queued[f"{first[orphan.id]}:1"] - place) <= 1
         for record in (orphan, lost):
-            assert (await store.get(record.id)).job == f"{record.id}:1"  # type: ignore[union-attr]
+            assert (await store.get(record.id)).job == f"{first[record.id]}:1"  # type: ignore[union-attr]
         assert (await store.get(waiting.id)).job is None  # type: ignore[union-attr]
-        assert not await pool.exists(*keys.arq_job_keys(orphan.id))  # the dead job is gone
-        assert (await store.get(mine.id)).job == mine.id  # type: ignore[union-attr]  # as its claim left it
+        assert not await pool.exists(*keys.arq_job_keys(first[orphan.id]))  # the dead job is gone
+        assert (await store.get(mine.id)).job == first[mine.id]  # type: ignore[union-attr]  # as its claim left it
         # and each waits in the fair queue too: the handed-back job (queued without it, as by a
         # worker that died between picking and starting it) admitted again; the high one first
         picked = await store.fair.pick(model, 10, 10_000, {})
-        assert picked[0] == f"{orphan.id}:1" and sorted(picked[1:]) == sorted([f"{lost.id}:1", waiting.id])
+        assert picked[0] == f"{first[orphan.id]}:1"
+        assert sorted(picked[1:]) == sorted([f"{first[lost.id]}:1", first[waiting.id]])
     finally:
         await pool.aclose()

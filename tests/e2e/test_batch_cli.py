@@ -76,19 +76,28 @@ def test_batch_create_waits_and_saves_the_output(api: Api, tiny_worker: Worker, 
     assert missing.returncode == 1 and "error: batch_not_found:" in missing.stderr
 
 
+def _interruptible() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_leaves_the_batch_running_until_cancelled(api: Api, tmp_path: Path) -> None:
     # tiny-unserved never gets a worker: the batch's lines wait in the queue until it is cancelled
     source = tmp_path / "waiting.jsonl"
     source.write_bytes(jsonl([chat_line(f"w-{n}", model="tiny-unserved") for n in range(3)]))
-    waiting = subprocess.Popen(command(api, "batch", "create", str(source), "--endpoint", CHAT), text=True,
-                               env=service_env("redis://unused"), cwd=ROOT, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE)
-    assert waiting.stderr is not None
-    batch_id = re.search(r"^batch (batch_\w+) ", waiting.stderr.readline()).group(1)  # type: ignore[union-attr]
-    assert waiting.stderr.readline().startswith(f"{batch_id} ")  # the first progress line: it is waiting
-    in_progress(api, batch_id)  # its lines are tasks now (a batch cancelled while validating has none)
-    waiting.send_signal(signal.SIGINT)
-    _, err = waiting.communicate(timeout=30)
+    # Ctrl-C as from a terminal: a suite started in the background (`cmd &`) hands its children
+    # SIGINT ignored, and Python then leaves it so
+    with subprocess.Popen(command(api, "batch", "create", str(source), "--endpoint", CHAT), text=True,
+                          env=service_env("redis://unused"), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          preexec_fn=_interruptible) as waiting:
+        assert waiting.stderr is not None
+        batch_id = re.search(r"^batch (batch_\w+) ", waiting.stderr.readline()).group(1)  # type: ignore[union-attr]
+        assert waiting.stderr.readline().startswith(f"{batch_id} ")  # the first progress line: it is waiting
+        in_progress(api, batch_id)  # its lines are tasks now (a batch cancelled while validating has none)
+        waiting.send_signal(signal.SIGINT)
+        try:
+            _, err = waiting.communicate(timeout=30)
+        finally:
+            waiting.kill()
     assert waiting.returncode == 130 and f"lmsp batch show {batch_id}" in err
 
     shown = lmsp(api, "batch", "show", batch_id)

@@ -63,10 +63,12 @@ async def test_page_streams_through_a_connection_cut_mid_stream(browser: Any, ap
     assert reconnects >= 2 and "resuming with Last-Event-ID" in (log or "")
 
 
-async def test_page_resumes_after_a_forced_drop_and_shows_the_service(browser: Any, api: Api,
-                                                                      tiny_worker: Worker) -> None:
+async def test_page_resumes_after_a_forced_drop_and_shows_the_service(browser: Any, api: Api, tiny_worker: Worker,
+                                                                      variant_worker: Worker) -> None:
     page = await browser.new_page()
-    await start(page, api.url + "/", 400)
+    # long enough to be running still when the page drops it (400 tokens of tiny-random at times ended
+    # before the click, which then waited for a button that stays disabled)
+    await start(page, api.url + "/", 4000, model="tiny-serial")
     await page.wait_for_function("Number(document.querySelector('#last-id').textContent) >= 5")
     await page.click("#drop")  # the page closes its stream; it must resume from the last id
     task_id = await finished(page)

@@ -3,18 +3,22 @@
 a Redis node is killed; then the checks of docs/reliability.md on every follower and task."""
 
 import asyncio
+import contextlib
 import signal
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import httpx
 
 from lmsp_core import wire
 from tests.faults import Group, assert_exactly_once, text_of
-from tests.support import Api, SseEvent, body, sse_events, wait_for
+from tests.support import Api, SseEvent, Worker, body, sse_events, wait_for
+
+if TYPE_CHECKING:
+    from tests.faults import AnyRedis
 
 MODEL = "tiny-random"
 TASKS = 8
@@ -22,10 +26,29 @@ TOKENS = 1000  # long enough that no task ends before every follower has seen a 
 SEEN_BEFORE_KILL = 5  # events every follower has when the node is killed
 
 
+# a long lease: a slow failover must not cost a task its lease (no task is to be taken over); a
+# WAIT timeout longer than the test's lag of the replica (the default is 0.1 s)
+WAIT_TIMEOUT = 3.0
+SETTINGS = {"lease_ttl": 30, "sse_heartbeat": 1, "redis_wait_timeout": WAIT_TIMEOUT}
+
+
 class Victim(Protocol):
     """The Redis node a test kills."""
 
     def stop(self, sig: int = signal.SIGTERM) -> None: ...
+
+
+@contextlib.asynccontextmanager
+async def serving(redis: "AnyRedis") -> AsyncIterator[Group]:
+    """Two API processes and two workers on ``redis`` (started; cleaned up on the way out), which
+    know only what its settings say (sentinels, or some cluster nodes)."""
+    url, where = redis.settings["redis_url"], {k: v for k, v in redis.settings.items() if k != "redis_url"}
+    group = await Group.start(redis, [Api(url, **where, **SETTINGS) for _ in range(2)],
+                              [Worker(url, [MODEL], **where, **SETTINGS) for _ in range(2)])
+    try:
+        yield group
+    finally:
+        await group.close()
 
 
 def request(slot: int) -> dict[str, Any]:

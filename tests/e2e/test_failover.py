@@ -25,15 +25,19 @@ import pytest_asyncio
 
 from lmsp_core.settings import load_settings
 from lmsp_core.store import connections, keys
-from tests.failover import MODEL, TASKS, Follower, check, generate_through, new_requests_succeed, request
+from tests.failover import (
+    TASKS,
+    WAIT_TIMEOUT,
+    Follower,
+    check,
+    generate_through,
+    new_requests_succeed,
+    request,
+    serving,
+)
 from tests.faults import Group
 from tests.replication import UNUSED_URL, ReplicatedRedis
-from tests.support import Api, Worker, service_env, wait_for
-
-WAIT_TIMEOUT = 3.0
-# a long lease: a slow failover must not cost a task its lease (no task is to be taken over); a
-# WAIT timeout longer than the test's lag of the replica (the default is 0.1 s)
-SETTINGS = {"lease_ttl": 30, "sse_heartbeat": 1, "redis_wait_timeout": WAIT_TIMEOUT}
+from tests.support import service_env, wait_for
 
 
 @pytest_asyncio.fixture(scope="module")
@@ -44,13 +48,8 @@ async def group() -> AsyncIterator[Group]:
     except BaseException:
         redis.cleanup()
         raise
-    url, services = redis.settings["redis_url"], {k: v for k, v in redis.settings.items() if k != "redis_url"}
-    group = await Group.start(redis, [Api(url, **services, **SETTINGS) for _ in range(2)],
-                              [Worker(url, [MODEL], **services, **SETTINGS) for _ in range(2)])
-    try:
+    async with serving(redis) as group:
         yield group
-    finally:
-        await group.close()
 
 
 @pytest_asyncio.fixture(scope="module")

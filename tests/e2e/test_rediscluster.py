@@ -23,12 +23,11 @@ import pytest_asyncio
 
 from lmsp_core.settings import load_settings
 from lmsp_core.store import cluster, connections, keys
-from tests.failover import MODEL, TASKS, Follower, check, generate_through, new_requests_succeed, request
+from tests.failover import MODEL, TASKS, Follower, check, generate_through, new_requests_succeed, request, serving
 from tests.faults import Group, assert_exactly_once, text_of
 from tests.rediscluster import LocalCluster
-from tests.support import Api, Worker, body, service_env, wait_for
+from tests.support import body, service_env, wait_for
 
-SETTINGS = {"lease_ttl": 30, "sse_heartbeat": 1, "redis_wait_timeout": 3.0}
 SPREAD_TASKS = 900  # random ids: a shard's share of 900 is within 20% of a third but for 1 run in 10,000
 
 
@@ -40,13 +39,8 @@ async def group() -> AsyncIterator[Group]:
     except BaseException:
         nodes.stop()
         raise
-    url, services = nodes.settings["redis_url"], {"redis_cluster": nodes.settings["redis_cluster"]}
-    group = await Group.start(nodes, [Api(url, **services, **SETTINGS) for _ in range(2)],
-                              [Worker(url, [MODEL], **services, **SETTINGS) for _ in range(2)])
-    try:
+    async with serving(nodes) as group:
         yield group
-    finally:
-        await group.close()
 
 
 @pytest_asyncio.fixture(scope="module")

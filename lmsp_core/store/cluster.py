@@ -36,7 +36,7 @@ from redis.asyncio.cluster import ClusterNode, ClusterPipeline, NodesManager, Re
 from redis.asyncio.connection import Connection, SSLConnection
 from redis.client import CaseInsensitiveDict
 from redis.commands.core import AsyncScript
-from redis.exceptions import ConnectionError, NoScriptError, RedisError, ResponseError
+from redis.exceptions import ConnectionError, NoScriptError, RedisClusterException, RedisError, ResponseError
 from redis.typing import EncodableT, KeyT
 
 logger = logging.getLogger(__name__)
@@ -141,25 +141,12 @@ class ClusterClient(RedisCluster):
     async def locate(self, slot: int) -> tuple[str, int]:
         """The address of the primary serving ``slot``, re-reading the slot map first when a
         connection failed or was redirected since it was last read."""
-        if self._initialize:
-            await self.initialize()
-        if self.stale:
-            await self._refresh()
+        now = asyncio.get_running_loop().time()
+        if self.stale and now - self._refreshed >= REFRESH_INTERVAL:
+            self._refreshed, self.stale, self._initialize = now, False, True
+        await self.initialize()
         node = self.nodes_manager.get_node_from_slot(slot)
         return node.host, int(node.port)
-
-    async def _refresh(self) -> None:
-        async with self._refresh_lock:
-            now = asyncio.get_running_loop().time()
-            if not self.stale or now - self._refreshed < REFRESH_INTERVAL:
-                return
-            self._refreshed = now
-            self.stale = False
-            try:
-                await self.nodes_manager.initialize()
-            except Exception:  # every node away: the connection attempt fails and says so
-                self.stale = True
-                raise ConnectionError("no node of the Redis Cluster answers") from None
 
     async def shards_of(self, keys: Iterable[KeyT]) -> dict[str, tuple[ClusterNode, int]]:
         """The primaries that serve these keys now, by name, each with how many replicas the slot
@@ -204,12 +191,17 @@ class ClusterClient(RedisCluster):
         """Read the slot map (when asked to). redis-py's own version also asks the first primary for
         its command table each time, and while that primary is down (until its replica is
         promoted) fails, closing every connection: every command would fail, on every shard. The
-        table is read once, from any node that answers."""
+        table is read once, from any node that answers. No node answering is a ConnectionError, as
+        for one Redis (redis-py's own exception there is no RedisError: callers would take it for
+        a bug, the API answering 500 and the worker's loops ending)."""
         if not self._initialize:
             return self
         async with self._refresh_lock:
             if self._initialize:
-                await self.nodes_manager.initialize()
+                try:
+                    await self.nodes_manager.initialize()
+                except RedisClusterException as exc:
+                    raise ConnectionError(f"no node of the Redis Cluster answers ({exc})") from exc
                 if not self.commands_parser.commands:
                     await self._read_command_table()
                 self._initialize = False

@@ -18,6 +18,7 @@ import time
 from collections import Counter
 from collections.abc import AsyncIterator
 
+import httpx
 import pytest
 import pytest_asyncio
 
@@ -26,7 +27,7 @@ from lmsp_core.store import cluster, connections, keys
 from tests.failover import MODEL, TASKS, Follower, check, generate_through, new_requests_succeed, request, serving
 from tests.faults import Group, assert_exactly_once, text_of
 from tests.rediscluster import LocalCluster
-from tests.support import body, service_env, wait_for
+from tests.support import Api, assert_problem, body, free_port, service_env, wait_for
 
 SPREAD_TASKS = 900  # random ids: a shard's share of 900 is within 20% of a third but for 1 run in 10,000
 
@@ -208,3 +209,15 @@ async def test_transactions_and_pipelined_scripts_on_the_cluster(group: Group) -
         assert len(await client.shards_of(names)) == 3
     finally:
         await connections.close(client)
+
+
+async def test_a_cluster_that_no_node_answers_is_an_outage() -> None:
+    """As for one Redis that is away: a problem document with 503, not an error of the service's."""
+    nodes = f"127.0.0.1:{free_port()},127.0.0.1:{free_port()}"  # nothing listens there
+    api = Api("redis://127.0.0.1:1/0", redis_cluster=nodes).start()
+    try:
+        async with httpx.AsyncClient(base_url=api.url, timeout=60) as client:
+            assert_problem(await client.post("/lmsp/v1/tasks", json=body(MODEL, "Hello")), 503, "service_unavailable")
+    finally:
+        api.stop()
+    assert "Traceback" not in api.output()

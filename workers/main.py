@@ -10,6 +10,7 @@ import functools
 import logging
 import os
 import signal
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -29,6 +30,7 @@ from lmsp_core.store.queue import GENERATE
 from workers import notices
 from workers.engine.core import Engine
 from workers.model import loader
+from workers.model.gguf import ModelFileError
 from workers.output.grammar import tokenizer_for
 from workers.queueworker import WakeableWorker
 from workers.reaper import Reaper
@@ -48,7 +50,11 @@ def run(settings: Settings, model_ids: list[str], make_engine: EngineFactory = E
     """``make_engine``: builds each model's engine (a benchmark's simulated model: ``bench.simulated``)."""
     logs.configure(settings.log_level, settings.log_json)
     loader.limit_threads(settings.torch_threads, settings.attention_helper)
-    asyncio.run(serve(settings, model_ids, make_engine))
+    try:
+        asyncio.run(serve(settings, model_ids, make_engine))
+    except ModelFileError as exc:  # no restart serves it: one line and status 2, as a bad argument
+        print(f"lmsp worker: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 async def connect(settings: Settings) -> ArqRedis:

@@ -22,7 +22,7 @@ import re
 import struct
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, NamedTuple
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 
@@ -188,18 +188,45 @@ def gguf_fields(path: Path, wanted: Callable[[str], bool]) -> dict[str, Any]:
     """The metadata fields of a GGUF file whose keys are ``wanted``. Read straight from its header,
     skipping the rest: gguf's own reader parses every field, a vocabulary too, which takes seconds."""
     with path.open("rb") as file:
-        magic, version, _, count = struct.unpack("<4sIQQ", file.read(24))
-        if magic != b"GGUF" or version < 2:  # version 1 counted in 32 bits
-            raise ValueError(f"{path.name} is not a GGUF file of version 2 or later")
-        found: dict[str, Any] = {}
-        for _ in range(count):
-            key = _gguf_value(file, _STRING, keep=True)
-            (kind,) = struct.unpack("<I", file.read(4))
-            keep = wanted(key)
-            value = _gguf_value(file, kind, keep)
-            if keep:
-                found[key] = value
-        return found
+        return _header(file, path, wanted)[0]
+
+
+class GgufTensor(NamedTuple):
+    kind: int  # its GGML type
+    shape: tuple[int, ...]  # GGML's order: a row's length first
+    start: int  # where its data starts in the file
+
+
+def gguf_tensors(path: Path) -> tuple[dict[str, Any], dict[str, GgufTensor]]:
+    """A GGUF file's architecture field and its tensors by name, from its header alone."""
+    with path.open("rb") as file:
+        fields, tensors = _header(file, path, lambda key: key in ("general.architecture", "general.alignment"))
+        found = {}
+        for _ in range(tensors):
+            name = _gguf_value(file, _STRING, keep=True)
+            (dims,) = struct.unpack("<I", file.read(4))
+            shape = struct.unpack(f"<{dims}Q", file.read(8 * dims))
+            kind, offset = struct.unpack("<IQ", file.read(12))
+            found[name] = GgufTensor(kind, shape, offset)
+        alignment = fields.get("general.alignment") or 32
+        data = -(-file.tell() // alignment) * alignment
+        return fields, {name: tensor._replace(start=data + tensor.start) for name, tensor in found.items()}
+
+
+def _header(file: BinaryIO, path: Path, wanted: Callable[[str], bool]) -> tuple[dict[str, Any], int]:
+    """The ``wanted`` fields and the count of tensors, the file read up to its tensors' list."""
+    magic, version, tensors, count = struct.unpack("<4sIQQ", file.read(24))
+    if magic != b"GGUF" or version < 2:  # version 1 counted in 32 bits
+        raise ValueError(f"{path.name} is not a GGUF file of version 2 or later")
+    found: dict[str, Any] = {}
+    for _ in range(count):
+        key = _gguf_value(file, _STRING, keep=True)
+        (kind,) = struct.unpack("<I", file.read(4))
+        keep = wanted(key)
+        value = _gguf_value(file, kind, keep)
+        if keep:
+            found[key] = value
+    return found, tensors
 
 
 def _gguf_value(file: BinaryIO, kind: int, keep: bool) -> Any:

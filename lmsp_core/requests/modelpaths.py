@@ -27,7 +27,7 @@ from tokenizers import Tokenizer
 from lmsp_core import wire
 from lmsp_core.requests.catalog import Catalog, ModelSpec, ReasoningFormat
 from lmsp_core.requests.chat import PromptRenderer
-from lmsp_core.requests.modelfiles import card_from_files, dir_chat_template, gguf_fields, is_gguf
+from lmsp_core.requests.modelfiles import card_from_files, dir_chat_template, gguf_fields, gguf_tensors, is_gguf
 from lmsp_core.settings import Settings
 
 HF_PREFIX = "hf:"
@@ -107,7 +107,7 @@ def resolve(reference: str, catalog: Catalog, overrides: Overrides, cache_dir: P
 def from_path(path: Path, overrides: Overrides, cache_dir: Path, weights: bool = True,
               default_id: str | None = None) -> ModelSpec:
     """The spec of a model directory or GGUF file."""
-    found = _directory(path, weights) if path.is_dir() else _gguf(path)
+    found = _directory(path, weights) if path.is_dir() else _gguf(path, weights)
     template = overrides.chat_template or found.chat_template
     if template is None:
         raise ModelRefError(f"{found.where}: no chat template (a base model?); give one with --chat-template FILE")
@@ -158,9 +158,11 @@ def _window(config: Any) -> int | None:
     return None
 
 
-def _gguf(path: Path) -> _Found:
+def _gguf(path: Path, weights: bool) -> _Found:
     if not is_gguf(path):
         raise ModelRefError(f"{path}: not a GGUF file (a model is a .gguf file or a Hugging Face model directory)")
+    if weights:
+        check_tensors(path)
     try:
         fields = gguf_fields(path, lambda key: key in ("general.architecture", "tokenizer.chat_template")
                              or key.endswith(".context_length"))
@@ -169,6 +171,31 @@ def _gguf(path: Path) -> _Found:
     window = fields.get(f"{fields.get('general.architecture')}.context_length")
     return _Found(str(path), path.stem, f"gguf-file:{path}", window if isinstance(window, int) else None,
                   fields.get("tokenizer.chat_template"))
+
+
+def check_tensors(path: Path) -> None:
+    """That every tensor of a GGUF file is of a type GGML knows and lies whole within the file (a download
+    cut short ends inside one); a ``ModelRefError`` naming the first that does not."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    try:
+        _, tensors = gguf_tensors(path)
+    except (OSError, ValueError, struct.error, UnicodeDecodeError) as exc:  # the header ends early
+        raise ModelRefError(f"{path}: an unreadable GGUF file ({exc})") from None
+    size = path.stat().st_size
+    known = {int(kind): sizes for kind, sizes in GGML_QUANT_SIZES.items()}
+    for name, tensor in tensors.items():
+        if tensor.kind not in known:
+            raise ModelRefError(f"{path}: tensor {name} has GGML type {tensor.kind}, which this version cannot read")
+        block, block_bytes = known[tensor.kind]
+        count = 1
+        for dim in tensor.shape:
+            count *= dim
+        end = tensor.start + count // block * block_bytes
+        if end > size:
+            name_of = GGMLQuantizationType(tensor.kind).name
+            raise ModelRefError(f"{path}: the file ends inside tensor {name} ({name_of}): a truncated file "
+                                f"({size} of at least {end} bytes)")
 
 
 def reasoning_of(spec: ModelSpec, chat_template: str, cache_dir: Path) -> ReasoningFormat | None:

@@ -135,3 +135,17 @@ def test_what_is_no_model_is_refused_in_one_line(command: str, models: Path, hub
         assert ran.stderr.startswith(f"lmsp {command}: ") and message in ran.stderr, ran.stderr
         assert ran.stderr.count("\n") == 1 and ran.stdout == "", ran.stderr
     assert not (models / "data").exists()  # refused before anything started
+
+
+@pytest.mark.parametrize("command", ["worker", "up"])
+def test_a_truncated_gguf_file_is_refused_in_one_line(command: str, models: Path, hub: dict[str, str]) -> None:
+    """A download cut short: its header whole, its tensors not; refused before anything starts or is cached."""
+    cut = models / "cut.gguf"
+    cut.write_bytes(modelfiles.gguf_file(SMOLLM2).read_bytes()[:20_000_000])
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LMSP_")} | hub
+    env["XDG_DATA_HOME"], env["LMSP_MODEL_CACHE"] = str(models / "data"), str(models / "cache")
+    ran = refusal(command, str(cut), env)
+    assert ran.returncode == 2, ran.stderr
+    assert ran.stderr.startswith(f"lmsp {command}: {cut}: the file ends inside tensor ") and "truncated" in ran.stderr
+    assert ran.stderr.count("\n") == 1 and ran.stdout == "", ran.stderr
+    assert not (models / "data").exists() and not (models / "cache").exists()

@@ -27,13 +27,17 @@ def slot_model(loaded: LoadedModel, compile: bool) -> SlotModel:
                           cache_dtype=cache_dtype(loaded, built, compile))
         if built is not None:  # before packing: it packs for them too
             decoder.use_kernels(built)
+        if loaded.blocks is not None:
+            decoder.use_blocks(loaded.blocks.built, loaded.blocks.matrices)
+            logger.info("model %s: every product on the GGUF file's blocks, the output layer on %s", spec.id,
+                        decoder.output.packing)
         if loaded.exact_weights:
             packed = decoder.pack_int4(loaded.exact_weights, loaded.int4_rows, lossless_only=spec.weights == "auto",
                                        merge_rows=loaded.merge_rows)
             logger.info("model %s: decoding on %s weights, the output layer on %s", spec.id,
                         "4-bit" if packed else "dense", decoder.output.packing)
             loaded.exact_weights.clear()
-        if loaded.device.type == "cpu" and can_prepack(loaded.dtype):
+        if loaded.device.type == "cpu" and can_prepack(loaded.dtype) and loaded.blocks is None:
             decoder.prepack()
         logger.info("model %s: %s weights, keys and values in %s", spec.id, str(loaded.dtype).removeprefix("torch."),
                     str(decoder.cache.layer(0)[0].dtype).removeprefix("torch."))

@@ -34,6 +34,7 @@ from torch.nn import functional
 
 from workers.model.cpu import kernels
 from workers.model.cpu.attention import DecodeAttention, StepRows, decode_attention
+from workers.model.cpu.blocks import Blocks, BlockTensor
 from workers.model.cpu.groups import GROUP, Groups4
 from workers.model.cpu.layerstep import FUNCTIONS, LayerParts, LayerStep
 from workers.model.cudagraphs import StepGraphs
@@ -46,6 +47,7 @@ from workers.model.plan import StepPlan
 logger = logging.getLogger(__name__)
 
 ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
+ALL_ROWS = 1 << 30  # products on a GGUF file's blocks take every step's rows (``use_blocks``)
 ATTENTION_BLOCK = 256  # with CUDA graphs, attention lengths are rounded up to this (fewer graphs)
 # a step's decoding rows: how many, how many columns of their slots they attend to, and which (None: all)
 Decoding = tuple[int, int, Tensor | None]
@@ -98,8 +100,10 @@ class Decoder(nn.Module):
         self.norm = frozen(base.norm.weight.float())
         self.lm_head = Linear(model.lm_head.weight)
         self.output = OutputLayer(self.lm_head)  # its logits on packed weights, refined
-        dtype, device = self.embed.dtype, self.embed.device
+        # the norms' device: a model served on a GGUF file's blocks has its matrices on the meta device
+        dtype, device = self.embed.dtype, base.norm.weight.device
         self.device = device
+        self._embedding: Callable[[Tensor], Tensor] | None = None  # rows of the file's blocks (``use_blocks``)
         self.cache = KvSlots(len(self.layers), slots, kv_heads, positions, head_dim, cache_dtype or dtype, device)
         cos, sin = rope_tables(base.rotary_emb, positions, dtype, device)
         self.register_buffer("cos", cos, persistent=False)
@@ -148,6 +152,21 @@ class Decoder(nn.Module):
         if built is not None and self._rope_f32 is not None and head_dim % 2 == 0 \
                 and all(layer.q_norm is None for layer in self.typed_layers):
             self._rope_store = functools.partial(built.rope_store, heads=self.shape[0], tables=self._rope_f32)
+
+    def use_blocks(self, built: Blocks, matrices: dict[str, BlockTensor]) -> None:
+        """Run every product, prompt rows too, on a GGUF file's own blocks (``matrices``, by the model's
+        parameter names: ``workers.model.gguf``), and take the embeddings from them; the model's own
+        matrices are never read (on the meta device, they hold nothing)."""
+        for i, layer in enumerate(self.typed_layers):
+            attn, mlp = f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
+            parts = {layer.qkv: [f"{attn}{p}_proj" for p in "qkv"], layer.o: [f"{attn}o_proj"],
+                     layer.gate_up: [f"{mlp}gate_proj", f"{mlp}up_proj"], layer.down: [f"{mlp}down_proj"]}
+            for linear, names in parts.items():
+                linear.pack_int4(built.product([matrices[f"{name}.weight"] for name in names]), ALL_ROWS)
+        embeddings = matrices["model.embed_tokens.weight"]
+        self.lm_head.pack_int4(built.product([matrices.get("lm_head.weight", embeddings)]), ALL_ROWS)
+        self._embedding = functools.partial(built.rows, embeddings)
+        self._layer_step_known = False
 
     def prepack(self) -> None:
         """Lay the dense weights out for the CPU's matrix library (``linear.can_prepack``): layers for
@@ -330,7 +349,7 @@ class Decoder(nn.Module):
         and the mask of those, ``_mask``, or None for all), then the chunks (``segments``: slot,
         start, end). ``stored``: the rows' positions and slots, where ``kernels.c`` rotates and writes
         the cache (``_rope_store``)."""
-        x = functional.embedding(tokens, self.embed).float()
+        x = functional.embedding(tokens, self.embed).float() if self._embedding is None else self._embedding(tokens)
         bound = None if kernel is None or self.attention is None else self.attention.rows(*kernel)
         layer_step = self._one_call()
         if stored is not None and layer_step is not None and layer_step.takes(x.shape[0], bound) \

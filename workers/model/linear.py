@@ -39,6 +39,10 @@ class NativeProduct(Protocol):
     def nbytes(self) -> int:
         """What a product reads of the weights: codes, scales (and minimums)."""
 
+    @property
+    def kind(self) -> str:
+        """What it multiplies, in words."""
+
 
 def frozen(tensor: Tensor) -> nn.Parameter:
     return nn.Parameter(tensor.detach(), requires_grad=False)
@@ -74,6 +78,8 @@ class Linear(nn.Module):
     @property
     def packing(self) -> str:
         """What the decoding products run on, in words."""
+        if self.native is not None:
+            return self.native.kind
         return "dense weights" if not self.packed else "8-bit groups" if self.inputs_twice else "4-bit groups"
 
     @property

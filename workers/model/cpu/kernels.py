@@ -195,6 +195,10 @@ class GroupedWeights:
     def nbytes(self) -> int:
         return sum(t.nbytes for t in self._tensors)
 
+    @property
+    def kind(self) -> str:
+        return f"{self.bits}-bit groups"
+
     def __call__(self, x: Tensor) -> Tensor:
         if x.dtype != torch.float32 or not x.is_contiguous():
             x = x.float().contiguous()
@@ -225,17 +229,8 @@ def runs_here(kernel: str) -> bool:
 
 def load(directory: Path) -> Kernels | None:
     """The kernels, built (once) into ``directory``; None where they cannot be built or loaded."""
-    compiler = os.environ.get("CC", "cc")
-    source = SOURCE.read_bytes()
-    try:
-        version = subprocess.run([compiler, "--version"], capture_output=True, check=True, timeout=30).stdout
-    except (OSError, subprocess.SubprocessError) as exc:
-        logger.warning("no C compiler (%s: %s): the decoding step runs on torch alone", compiler, exc)
-        return None
-    recipe = repr((_FLAG_SETS, _LIBS, "compiled, then linked")).encode()
-    key = hashlib.sha256(source + recipe + version + _cpu_flags().encode()).hexdigest()[:16]
-    path = directory / f"kernels-{key}.so"
-    if not path.exists() and not _build(compiler, directory, path):
+    path = compiled(SOURCE, directory)
+    if path is None:
         return None
     try:
         return Kernels(ctypes.CDLL(str(path)))
@@ -244,7 +239,24 @@ def load(directory: Path) -> Kernels | None:
         return None
 
 
-def _build(compiler: str, directory: Path, path: Path) -> bool:
+def compiled(source: Path, directory: Path) -> Path | None:
+    """``source`` (a C file of this folder) built for this CPU into ``directory``, once per source,
+    recipe, compiler and CPU; None where no compiler builds it (logged)."""
+    compiler = os.environ.get("CC", "cc")
+    try:
+        version = subprocess.run([compiler, "--version"], capture_output=True, check=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError) as exc:
+        logger.warning("no C compiler (%s: %s): %s is not built, torch runs its part", compiler, exc, source.name)
+        return None
+    recipe = repr((_FLAG_SETS, _LIBS, "compiled, then linked")).encode()
+    key = hashlib.sha256(source.read_bytes() + recipe + version + _cpu_flags().encode()).hexdigest()[:16]
+    path = directory / f"{source.stem}-{key}.so"
+    if not path.exists() and not _build(compiler, source, directory, path):
+        return None
+    return path
+
+
+def _build(compiler: str, source: Path, directory: Path, path: Path) -> bool:
     """Compile into files of its own, then move the library in place: workers starting at once each
     build. Compiled and linked in two steps: linked with ``-ffast-math``, gcc adds start-up code that
     flushes subnormal floats to zero for the whole thread that loads the library."""
@@ -252,15 +264,15 @@ def _build(compiler: str, directory: Path, path: Path) -> bool:
     errors = []
     for flags, libraries in zip(_FLAG_SETS, _LIBS, strict=True):
         with tempfile.TemporaryDirectory(dir=directory) as scratch:
-            objects, library = Path(scratch) / "kernels.o", Path(scratch) / "kernels.so"
-            failure = _run([compiler, *flags, "-fPIC", "-c", "-o", str(objects), str(SOURCE)]) \
+            objects, library = Path(scratch) / f"{source.stem}.o", Path(scratch) / f"{source.stem}.so"
+            failure = _run([compiler, *flags, "-fPIC", "-c", "-o", str(objects), str(source)]) \
                 or _run([compiler, "-shared", "-o", str(library), str(objects), *libraries])
             if failure is None:
                 os.replace(library, path)
-                logger.info("built kernels.c for this CPU: %s", path.name)
+                logger.info("built %s for this CPU: %s", source.name, path.name)
                 return True
         errors.append(failure)
-    logger.warning("kernels.c did not build (%s): the decoding step runs on torch alone", " | ".join(errors))
+    logger.warning("%s did not build (%s): torch runs its part", source.name, " | ".join(errors))
     return False
 
 

@@ -1,0 +1,167 @@
+"""Products on a GGUF file's own blocks (``blocks.c``): the weights stay as the file holds them.
+
+A model from a K-quant or Q8_0 GGUF (``workers.model.gguf``) runs every product on its tensors as
+mapped from the file: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, F16, BF16 and F32 rows. The inputs are
+quantised to 8 bits per block first, as llama.cpp does, and the products run on integers (AVX2's
+byte products where built with them, else plain C). A product's weight rows are split between the
+worker's threads (``Blocks.use_threads``), decoding and prompt rows alike.
+
+Built with the system C compiler for this CPU, as ``kernels.c`` is (``kernels.compiled``).
+"""
+
+import ctypes
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from workers.model.cpu import kernels
+
+logger = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("blocks.c")
+# GGML's type numbers of what the products take, and each type's bytes per block of its weights
+F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, BF16 = 0, 1, 2, 3, 6, 7, 8, 12, 13, 14, 30
+BLOCK_BYTES = {F32: (1, 4), F16: (1, 2), BF16: (1, 2), Q4_0: (32, 18), Q4_1: (32, 20), Q5_0: (32, 22), Q5_1: (32, 24),
+               Q8_0: (32, 34),
+               Q4_K: (256, 144), Q5_K: (256, 176), Q6_K: (256, 210)}
+TYPE_NAMES = {F32: "F32", F16: "F16", BF16: "BF16", Q4_0: "Q4_0", Q4_1: "Q4_1", Q5_0: "Q5_0", Q5_1: "Q5_1",
+              Q8_0: "Q8_0", Q4_K: "Q4_K", Q5_K: "Q5_K", Q6_K: "Q6_K"}
+_P, _I = ctypes.c_void_p, ctypes.c_int64
+_SIGNATURES: dict[str, list[type]] = {
+    "blocks_matmul": [_P, _I, _I, _P, _I, _P],
+    "blocks_rows": [_P, _I, _I, _I, _P, _I, _P],
+    "blocks_quantize": [_P, _I, _I, _I, _P],
+    "blocks_threads": [ctypes.c_int],
+    "blocks_plain": [ctypes.c_int],
+    "blocks_vectorised": [],
+}
+
+
+@dataclass(frozen=True)
+class BlockTensor:
+    """A weight ``[rows, cols]`` in a GGML ``type``: ``data`` its bytes, one row of blocks per row
+    (uint8 ``[rows, row bytes]``, a view of the mapped file or an array of its own)."""
+
+    data: np.ndarray
+    type: int
+    rows: int
+    cols: int
+
+    def __post_init__(self) -> None:
+        if self.type not in BLOCK_BYTES:
+            raise ValueError(f"GGML type {self.type}: no product takes it")
+        block, size = BLOCK_BYTES[self.type]
+        shape = (self.rows, self.cols // block * size)
+        if self.cols % block or self.data.dtype != np.uint8 or self.data.shape != shape \
+                or not self.data.flags.c_contiguous:
+            raise ValueError(f"a tensor of type {self.type}, {self.rows} x {self.cols}: bytes {self.data.shape}")
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.data.nbytes)
+
+    def pointer(self) -> int:
+        return int(self.data.ctypes.data)
+
+
+class _Part(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("type", ctypes.c_int64), ("rows", ctypes.c_int64)]
+
+
+class Blocks:
+    """``blocks.c`` as loaded, its functions typed."""
+
+    def __init__(self, library: ctypes.CDLL) -> None:
+        self.functions = {}
+        for name, argtypes in _SIGNATURES.items():
+            function = getattr(library, name)
+            function.argtypes = argtypes
+            function.restype = ctypes.c_int
+            self.functions[name] = function
+        self.vectorised = bool(self.functions["blocks_vectorised"]())
+
+    def use_threads(self, threads: int) -> int:
+        """Split each product's weight rows between ``threads`` threads (the caller's one of them);
+        returns how many there are."""
+        return int(self.functions["blocks_threads"](threads))
+
+    def plain(self, on: bool) -> None:
+        """Run the plain C products even where vectorised ones are built (the tests compare them)."""
+        self.functions["blocks_plain"](int(on))
+
+    def product(self, parts: Sequence[BlockTensor]) -> "BlockProduct":
+        """One product over ``parts`` (their rows side by side in the output: a fused q, k and v)."""
+        return BlockProduct(self, parts)
+
+    def rows(self, tensor: BlockTensor, ids: Tensor) -> Tensor:
+        """Rows ``ids`` (int64) of ``tensor`` in float32 ``[len(ids), cols]``: a step's embeddings."""
+        flat = np.ascontiguousarray(ids.cpu().numpy(), dtype=np.int64).reshape(-1)
+        out = torch.empty((flat.shape[0], tensor.cols))
+        if self.functions["blocks_rows"](tensor.pointer(), tensor.type, tensor.cols, tensor.rows, flat.ctypes.data,
+                                         flat.shape[0], out.data_ptr()) != 0:
+            raise ValueError(f"rows outside a tensor of {tensor.rows}")
+        return out.view(*ids.shape, tensor.cols)
+
+    def quantized(self, x: Tensor, type_: int) -> Tensor:
+        """The float32 rows ``x`` as the products on ``type_`` weights see them (codes times scales)."""
+        x = x.float().contiguous()
+        out = torch.empty_like(x)
+        if self.functions["blocks_quantize"](x.data_ptr(), x.shape[0], x.shape[1], type_, out.data_ptr()) != 0:
+            raise ValueError(f"inputs of {x.shape[1]} for type {type_}")
+        return out
+
+
+class BlockProduct:
+    """``x @ w.T`` in float32 for weights in GGUF blocks (``Linear``'s ``NativeProduct``)."""
+
+    def __init__(self, built: Blocks, parts: Sequence[BlockTensor]) -> None:
+        if not parts or len({part.cols for part in parts}) != 1:
+            raise ValueError("a product's parts must share their inputs")
+        self._function = built.functions["blocks_matmul"]
+        self._tensors = tuple(parts)  # kept: the table points into them
+        self._table = (_Part * len(parts))(*(_Part(part.pointer(), part.type, part.rows) for part in parts))
+        self.k = parts[0].cols
+        self.n = sum(part.rows for part in parts)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(part.nbytes for part in self._tensors)
+
+    @property
+    def types(self) -> tuple[int, ...]:
+        return tuple(part.type for part in self._tensors)
+
+    @property
+    def kind(self) -> str:
+        return f"GGUF blocks ({', '.join(sorted({TYPE_NAMES[t] for t in self.types}))})"
+
+    def __call__(self, x: Tensor) -> Tensor:
+        if x.dtype != torch.float32 or not x.is_contiguous():
+            x = x.float().contiguous()
+        rows, k = x.shape
+        if k != self.k:
+            raise ValueError(f"inputs of {k} for weights of {self.k}")
+        out = torch.empty((rows, self.n))
+        status = self._function(x.data_ptr(), rows, k, self._table, len(self._tensors), out.data_ptr())
+        if status == -2:
+            raise MemoryError("blocks.c: no memory for the quantised inputs")
+        if status != 0:
+            raise ValueError(f"blocks.c does not take types {self.types} with inputs of {k}")
+        return out
+
+
+def load(directory: Path) -> Blocks | None:
+    """The products, built (once) into ``directory``; None where they cannot be built or loaded."""
+    path = kernels.compiled(SOURCE, directory)
+    if path is None:
+        return None
+    try:
+        return Blocks(ctypes.CDLL(str(path)))
+    except (OSError, AttributeError) as exc:
+        logger.warning("blocks.c did not load (%s)", exc)
+        return None

@@ -13,6 +13,7 @@ from transformers import AutoModelForCausalLM
 from lmsp_core.requests.catalog import ModelSpec
 from tests.engine import ggufmodels
 from tests.engine.support import shared_kernel_dir
+from tests.support import tiny_model_dir
 from workers.model import build, loader
 from workers.model.cpu import blocks
 from workers.model.cpu.blocks import BlockTensor
@@ -178,3 +179,23 @@ def test_a_truncated_gguf_file_is_named(tmp_path: Path) -> None:
     with pytest.raises(ModelFileError, match=r"cut\.gguf"):
         loader.load(spec_of(cut), tmp_path / "cache")
     assert not list((tmp_path / "cache").rglob("*.safetensors"))
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_a_half_precision_model_directory_is_served_in_its_dtype(dtype: str, tmp_path: Path) -> None:
+    """No float32 copy: the decoder's products read the model's own bfloat16 or float16 weights."""
+    path = tiny_model_dir(tmp_path / "half", dtype=dtype)
+    spec = ModelSpec(id="half", source=f"hf-dir:{path}", context_window=256, max_output_tokens=64,
+                     capabilities=[], max_batch_size=2)
+    loaded = loader.load(spec, tmp_path / "cache")
+    assert loaded.blocks is not None and loaded.dtype == getattr(torch, dtype)
+    decoder = build.slot_model(loaded, compile=False)
+    assert "GGUF blocks (" + ("BF16" if dtype == "bfloat16" else "F16") + ")" in decoder.output.packing
+    assert all(p.dtype == getattr(torch, dtype) for p in loaded.model.parameters() if p.dim() == 2)
+    reference = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).float().eval()
+    tokens = [1, 500, 42, 2000, 123, 9, 77]
+    with torch.inference_mode():
+        got = decoder.run(StepPlan(chunks=[Chunk(slot=0, start=0, tokens=tokens, last=True)]))[0]
+        want = reference(torch.tensor([tokens])).logits[0, -1]
+    assert (got - want).abs().max() <= 3e-2 * want.abs().max()
+    assert int(got.argmax()) == int(want.argmax())

@@ -46,11 +46,18 @@ class ModelFileError(ValueError):
 
 @dataclass
 class GgufWeights:
-    """A GGUF model's matrices by transformers' parameter name, as blocks (``BlockTensor``)."""
+    """A model's matrices by transformers' parameter name, as blocks (``BlockTensor``): a GGUF file's,
+    or (``matrices`` empty) a float16 or bfloat16 model's own, taken once the decoder has fused them."""
 
     matrices: dict[str, BlockTensor]
     file_bytes: int
     built: blocks.Blocks  # the products that take them
+
+    def of(self, model: Any) -> dict[str, BlockTensor]:
+        """The matrices, ``model``'s own where the file gave none."""
+        if self.matrices:
+            return self.matrices
+        return {name: BlockTensor.of(p.data) for name, p in model.named_parameters() if p.dim() == 2}
 
     def embeddings(self) -> BlockTensor:
         return self.matrices["model.embed_tokens.weight"]

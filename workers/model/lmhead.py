@@ -86,7 +86,8 @@ class OutputLayer:
             return hidden.new_empty((0, self.vocab), dtype=torch.float32)
         logits = self._int8_logits(hidden)
         if logits is None:
-            product: Tensor = self.linear(hidden, decoding)
+            # in float32 where a kernel gives it so (a bfloat16 model on blocks), else the weights' dtype
+            product: Tensor = self.linear(hidden, decoding, cast=False)
             if not self._packed:
                 return product
             logits = product.float()

@@ -32,8 +32,8 @@ from lmsp_core.requests.chat import ModelCard
 from lmsp_core.requests.closing import closing_tokens
 from lmsp_core.requests.modelfiles import converted_dir, gguf_file
 from workers.model import gguf, precision
-from workers.model.gguf import ModelFileError
 from workers.model.cpu import blocks, kernels
+from workers.model.gguf import ModelFileError
 
 logger = logging.getLogger(__name__)
 
@@ -108,6 +108,11 @@ def _load(spec: ModelSpec, cache_dir: Path) -> LoadedModel:
         built = blocks.load(kernel_dir(cache_dir))
         if built is not None:
             return _gguf_blocks(spec, cache_dir, built)
+    if kind == "hf-dir" and device.type == "cpu" and spec.dtype == "auto" and spec.weights != "dense":
+        stored = _stored_dtype(Path(location))
+        built = blocks.load(kernel_dir(cache_dir)) if stored is not None else None
+        if built is not None and stored is not None:
+            return _dir_blocks(spec, Path(location), stored, built)
     dtype = pick_dtype(spec, device, cache_dir)
     if kind in ("gguf-package", "gguf-file"):
         path = converted_gguf(spec, cache_dir)
@@ -139,12 +144,38 @@ def _gguf_blocks(spec: ModelSpec, cache_dir: Path, built: blocks.Blocks) -> Load
     files = gguf.metadata(path, converted_dir(spec, cache_dir))
     model = gguf.skeleton(AutoConfig.from_pretrained(files))
     weights = gguf.load(path, model, built)
+    # the products take every thread; torch's own (an OpenMP team spinning between its operators) would
+    # contend with them for the same cores, so its part of a step (norms, attention) keeps one
     threads = built.use_threads(torch.get_num_threads())
+    torch.set_num_threads(1)
     logger.info("model %s: served on the blocks of %s (%.2f GB), products on %d threads%s", spec.id, path.name,
                 weights.file_bytes / 1e9, threads, "" if built.vectorised else " (plain C: no AVX2)")
     tokenizer = AutoTokenizer.from_pretrained(files)
     card = make_card(spec, tokenizer, model.generation_config.eos_token_id)
     return LoadedModel(spec, model, card, torch.device("cpu"), blocks=weights)
+
+
+def _stored_dtype(path: Path) -> torch.dtype | None:
+    """float16 or bfloat16, where a model directory of an architecture the decoder runs stores its
+    weights so (config.json); else None."""
+    config = AutoConfig.from_pretrained(path)
+    stored = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+    stored = _DTYPES.get(stored, stored) if isinstance(stored, str) else stored
+    return stored if config.model_type in gguf.ARCHITECTURES and stored in (torch.bfloat16, torch.float16) else None
+
+
+def _dir_blocks(spec: ModelSpec, path: Path, stored: torch.dtype, built: blocks.Blocks) -> LoadedModel:
+    """A float16 or bfloat16 model directory served in its own dtype, every product on its weights as
+    they are (``blocks.c``'s F16 and BF16 rows): no float32 copy in memory."""
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=stored).eval()
+    threads = built.use_threads(torch.get_num_threads())
+    torch.set_num_threads(1)  # as _gguf_blocks: the products take the threads
+    size = sum(file.stat().st_size for file in path.glob("*.safetensors"))
+    logger.info("model %s: served in %s (%.2f GB), products on %d threads", spec.id, str(stored).removeprefix("torch."),
+                size / 1e9, threads)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    card = make_card(spec, tokenizer, model.generation_config.eos_token_id)
+    return LoadedModel(spec, model, card, torch.device("cpu"), blocks=gguf.GgufWeights({}, size, built))
 
 
 def cast_weights(model: Any, dtype: torch.dtype) -> None:

@@ -48,7 +48,7 @@ enum { A_Q8_0 = 0, A_Q8_1 = 1, A_Q8_K = 2, A_F32 = 3, A_KINDS = 4 };
 
 #define QK 32
 #define QK_K 256
-#define ROWS_AT_ONCE 4  /* input rows per pass over a weight row's blocks */
+#define ROWS_AT_ONCE 8  /* input rows per pass over a weight row's blocks */
 #define TILE_INPUTS 64  /* a prompt's input rows per tile */
 #define TILE_WEIGHTS 16 /* weight rows per tile */
 
@@ -159,10 +159,11 @@ static void quantize_q8(const float *x, int64_t k, act_q8 *y, int with_sum) {
     for (int64_t b = 0; b < k / QK; b++, x += QK) {
         float amax = 0.0f;
         for (int j = 0; j < QK; j++) amax = fmaxf(amax, fabsf(x[j]));
-        float d = amax / 127.0f, id = d ? 1.0f / d : 0.0f;
+        /* as llama.cpp's AVX2 quantize_row_q8_0: x * (127 / amax), rounded half to even */
+        float d = amax / 127.0f, id = amax ? 127.0f / amax : 0.0f;
         int sum = 0;
         for (int j = 0; j < QK; j++) {
-            int q = (int)roundf(x[j] * id);
+            int q = (int)nearbyintf(x[j] * id);
             y[b].qs[j] = (int8_t)q;
             sum += q;
         }
@@ -638,7 +639,11 @@ DEFINE_AVX2_FLOAT(avx2_bf16, uint16_t, load8_bf16, bf16_to_f32)
         case 1: NAME##_n(w, x, 1, nb, out); break;                                                     \
         case 2: NAME##_n(w, x, 2, nb, out); break;                                                     \
         case 3: NAME##_n(w, x, 3, nb, out); break;                                                     \
-        default: NAME##_n(w, x, 4, nb, out); break;                                                    \
+        case 4: NAME##_n(w, x, 4, nb, out); break;                                                     \
+        case 5: NAME##_n(w, x, 5, nb, out); break;                                                     \
+        case 6: NAME##_n(w, x, 6, nb, out); break;                                                     \
+        case 7: NAME##_n(w, x, 7, nb, out); break;                                                     \
+        default: NAME##_n(w, x, 8, nb, out); break;                                                    \
         }                                                                                               \
     }
 BY_COUNT(avx2_q4_0)

@@ -31,6 +31,10 @@ BLOCK_BYTES = {F32: (1, 4), F16: (1, 2), BF16: (1, 2), Q4_0: (32, 18), Q4_1: (32
                Q4_K: (256, 144), Q5_K: (256, 176), Q6_K: (256, 210)}
 TYPE_NAMES = {F32: "F32", F16: "F16", BF16: "BF16", Q4_0: "Q4_0", Q4_1: "Q4_1", Q5_0: "Q5_0", Q5_1: "Q5_1",
               Q8_0: "Q8_0", Q4_K: "Q4_K", Q5_K: "Q5_K", Q6_K: "Q6_K"}
+# a prompt's products of at least TILE_ROWS rows on float weights run on float32 tiles of TILE weight
+# rows; quantised weights' stay on their blocks, faster than de-quantised tiles through the matrix
+# library (docs/performance.md, "GGUF weights in their own blocks")
+TILE_ROWS, TILE = 64, 256
 _P, _I = ctypes.c_void_p, ctypes.c_int64
 _SIGNATURES: dict[str, list[type]] = {
     "blocks_matmul": [_P, _I, _I, _P, _I, _P],
@@ -61,6 +65,15 @@ class BlockTensor:
                 or not self.data.flags.c_contiguous:
             raise ValueError(f"a tensor of type {self.type}, {self.rows} x {self.cols}: bytes {self.data.shape}")
 
+    @classmethod
+    def of(cls, weight: Tensor) -> "BlockTensor":
+        """A float16, bfloat16 or float32 matrix's own memory (no copy; kept alive by the caller)."""
+        kinds = {torch.float16: F16, torch.bfloat16: BF16, torch.float32: F32}
+        if weight.dtype not in kinds or weight.dim() != 2 or not weight.is_contiguous() or weight.device.type != "cpu":
+            raise ValueError(f"a matrix {tuple(weight.shape)} of {weight.dtype} on {weight.device}")
+        rows, cols = weight.shape
+        return cls(weight.view(torch.uint8).numpy().reshape(rows, -1), kinds[weight.dtype], rows, cols)
+
     @property
     def nbytes(self) -> int:
         return int(self.data.nbytes)
@@ -84,11 +97,13 @@ class Blocks:
             function.restype = ctypes.c_int
             self.functions[name] = function
         self.vectorised = bool(self.functions["blocks_vectorised"]())
+        self.threads = 1
 
     def use_threads(self, threads: int) -> int:
         """Split each product's weight rows between ``threads`` threads (the caller's one of them);
-        returns how many there are."""
-        return int(self.functions["blocks_threads"](threads))
+        returns how many there are. A prompt's products take as many of torch's."""
+        self.threads = int(self.functions["blocks_threads"](threads))
+        return self.threads
 
     def plain(self, on: bool) -> None:
         """Run the plain C products even where vectorised ones are built (the tests compare them)."""
@@ -117,12 +132,16 @@ class Blocks:
 
 
 class BlockProduct:
-    """``x @ w.T`` in float32 for weights in GGUF blocks (``Linear``'s ``NativeProduct``)."""
+    """``x @ w.T`` in float32 for weights in GGUF blocks (``Linear``'s ``NativeProduct``): on the blocks,
+    the inputs quantised where the weights are; a prompt's many rows on float16 or bfloat16 weights on
+    float32 tiles of them, converted a tile at a time, through torch's matrix product (``_tiled``)."""
 
     def __init__(self, built: Blocks, parts: Sequence[BlockTensor]) -> None:
         if not parts or len({part.cols for part in parts}) != 1:
             raise ValueError("a product's parts must share their inputs")
+        self._built = built
         self._function = built.functions["blocks_matmul"]
+        self._floats = all(part.type in (F16, BF16, F32) for part in parts)
         self._tensors = tuple(parts)  # kept: the table points into them
         self._table = (_Part * len(parts))(*(_Part(part.pointer(), part.type, part.rows) for part in parts))
         self.k = parts[0].cols
@@ -146,12 +165,33 @@ class BlockProduct:
         rows, k = x.shape
         if k != self.k:
             raise ValueError(f"inputs of {k} for weights of {self.k}")
+        if self._floats and rows >= TILE_ROWS:
+            return self._tiled(x)
         out = torch.empty((rows, self.n))
         status = self._function(x.data_ptr(), rows, k, self._table, len(self._tensors), out.data_ptr())
         if status == -2:
             raise MemoryError("blocks.c: no memory for the quantised inputs")
         if status != 0:
             raise ValueError(f"blocks.c does not take types {self.types} with inputs of {k}")
+        return out
+
+
+    def _tiled(self, x: Tensor) -> Tensor:
+        """The product of many rows: each tile of ``TILE`` weight rows de-quantised to float32 (in the
+        caches) and multiplied by every input row at the matrix library's speed, on the products'
+        threads (docs/performance.md, "GGUF weights in their own blocks")."""
+        out = torch.empty((x.shape[0], self.n))
+        threads = torch.get_num_threads()
+        torch.set_num_threads(self._built.threads)
+        try:
+            start = 0
+            for part in self._tensors:
+                for first in range(0, part.rows, TILE):
+                    ids = torch.arange(first, min(first + TILE, part.rows))
+                    torch.matmul(x, self._built.rows(part, ids).T, out=out[:, start + first:start + first + len(ids)])
+                start += part.rows
+        finally:
+            torch.set_num_threads(threads)
         return out
 
 

@@ -62,7 +62,8 @@ typedef struct { uint16_t d, dmin; uint8_t scales[12]; uint8_t qh[QK_K / 8]; uin
 typedef struct { uint8_t ql[QK_K / 2]; uint8_t qh[QK_K / 4]; int8_t scales[QK_K / 16]; uint16_t d; } block_q6_K;
 /* the inputs, quantised: scales as float32, each rounded to float16 where llama.cpp holds it so */
 typedef struct { float d, s; int8_t qs[QK]; } act_q8;
-typedef struct { float d; int16_t bsums[QK_K / 16]; int8_t qs[QK_K]; } act_q8_K;
+/* bsums: the sums of each 16 codes (Q6_K's groups); sums32: of each 32 (Q4_K's and Q5_K's sub-blocks) */
+typedef struct { float d; int16_t bsums[QK_K / 16]; int16_t sums32[QK_K / 32]; int8_t qs[QK_K]; } act_q8_K;
 
 _Static_assert(sizeof(block_q4_0) == 18, "Q4_0");
 _Static_assert(sizeof(block_q4_1) == 20, "Q4_1");
@@ -194,6 +195,7 @@ static void quantize_q8_K(const float *x, int64_t k, act_q8_K *y) {
             for (int i = 0; i < 16; i++) sum += y[b].qs[j * 16 + i];
             y[b].bsums[j] = (int16_t)sum;
         }
+        for (int j = 0; j < QK_K / 32; j++) y[b].sums32[j] = (int16_t)(y[b].bsums[2 * j] + y[b].bsums[2 * j + 1]);
         y[b].d = 1.0f / iscale;
     }
 }
@@ -320,7 +322,7 @@ static float plain_k_block(const uint8_t *scales, float d, float dmin, const act
         scale_min_k4(j, scales, &scale, &min);
         for (int l = 0; l < 32; l++) s += codes[j * 32 + l] * a->qs[j * 32 + l];
         sum += scale * s;
-        mins += min * (a->bsums[2 * j] + a->bsums[2 * j + 1]);
+        mins += min * a->sums32[j];
     }
     return a->d * (d * (float)sum - dmin * (float)mins);
 }
@@ -493,9 +495,7 @@ INLINE __m256i scale_k(__m256i scales, int j) {
 
 /* The minimums' part of a super-block against an input's sums of 16: sum over sub-blocks of min * sum */
 INLINE __m128i mins_k(__m128i mins, const act_q8_K *a) {
-    __m256i sums = _mm256_loadu_si256((const __m256i *)a->bsums);
-    __m128i pairs = _mm_hadd_epi16(_mm256_castsi256_si128(sums), _mm256_extracti128_si256(sums, 1));
-    return _mm_madd_epi16(mins, pairs);
+    return _mm_madd_epi16(mins, _mm_loadu_si128((const __m128i *)a->sums32));
 }
 
 /* Q4_K and Q5_K: codes of sub-blocks 2j (low) and 2j+1 (high) given by LOW and HIGH for j = 0..3. */
@@ -651,8 +651,19 @@ BY_COUNT(avx2_q4_1)
 BY_COUNT(avx2_q5_0)
 BY_COUNT(avx2_q5_1)
 BY_COUNT(avx2_q8_0)
-BY_COUNT(avx2_q4_K)
-BY_COUNT(avx2_q5_K)
+/* The K family holds three sums a row: more than 4 rows at once spill them from the registers. */
+#define BY_COUNT_4(NAME)                                                                                \
+    static void NAME(const void *w, const void *const *x, int nx, int64_t nb, float *out) {            \
+        for (; nx > 4; nx -= 4, x += 4, out += 4) NAME##_n(w, x, 4, nb, out);                           \
+        switch (nx) {                                                                                   \
+        case 1: NAME##_n(w, x, 1, nb, out); break;                                                     \
+        case 2: NAME##_n(w, x, 2, nb, out); break;                                                     \
+        case 3: NAME##_n(w, x, 3, nb, out); break;                                                     \
+        default: NAME##_n(w, x, 4, nb, out); break;                                                    \
+        }                                                                                               \
+    }
+BY_COUNT_4(avx2_q4_K)
+BY_COUNT_4(avx2_q5_K)
 BY_COUNT(avx2_q6_K)
 BY_COUNT(avx2_f32)
 BY_COUNT(avx2_f16)

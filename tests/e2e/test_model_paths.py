@@ -149,3 +149,31 @@ def test_a_truncated_gguf_file_is_refused_in_one_line(command: str, models: Path
     assert ran.stderr.startswith(f"lmsp {command}: {cut}: the file ends inside tensor ") and "truncated" in ran.stderr
     assert ran.stderr.count("\n") == 1 and ran.stdout == "", ran.stderr
     assert not (models / "data").exists() and not (models / "cache").exists()
+
+
+async def test_a_k_quant_gguf_file_serves_on_its_blocks(redis_server: RedisServer, models: Path) -> None:
+    """`--model FILE.gguf` of Q4_K_M's mix end to end: the worker maps the file and answers; nothing but
+    the tokenizer and config lands in the model cache."""
+    from tests.engine import ggufmodels
+
+    path = ggufmodels.write(models / "tiny-q4_k_m.gguf", types={"attn_v": ggufmodels.Q.Q6_K,
+                                                                 "ffn_down": ggufmodels.Q.Q6_K})
+    flags = ["--model", str(path), "--context-window", "512"]
+    worker, api = Worker(redis_server.url, []), Api(redis_server.url)  # the session's cache: its kernels built
+    worker.args += flags
+    api.args += flags
+    try:
+        api.start()
+        worker.start()
+        await worker.ready(timeout=300)
+        async with httpx.AsyncClient(base_url=api.url, timeout=120) as client:
+            response = await client.post("/lmsp/v1/responses", json=body(
+                "tiny-q4_k_m", "Hello", max_output_tokens=8, temperature=0))
+            assert response.status_code == 200, response.text
+            assert response.json()["usage"]["output_tokens"] >= 1
+    finally:
+        worker.stop()
+        api.stop()
+    assert "served on the blocks of tiny-q4_k_m.gguf" in worker.output()
+    kept = next(Path(load_settings().model_cache, "models").glob("tiny-q4_k_m-*"))
+    assert (kept / "tokenizer.json").exists() and not list(kept.glob("*.safetensors"))

@@ -28,7 +28,7 @@ def slot_model(loaded: LoadedModel, compile: bool) -> SlotModel:
         if built is not None:  # before packing: it packs for them too
             decoder.use_kernels(built)
         if loaded.blocks is not None:
-            decoder.use_blocks(loaded.blocks.built, loaded.blocks.of(loaded.model))
+            decoder.use_blocks(loaded.blocks.built, loaded.blocks.matrices)
             logger.info("model %s: every product on %s", spec.id, decoder.output.packing)
         if loaded.exact_weights:
             packed = decoder.pack_int4(loaded.exact_weights, loaded.int4_rows, lossless_only=spec.weights == "auto",

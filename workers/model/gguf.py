@@ -13,6 +13,7 @@ tensor type that cannot be read at all, or a truncated file is a ``ModelFileErro
 """
 
 import functools
+import json
 import logging
 import os
 import shutil
@@ -46,18 +47,12 @@ class ModelFileError(ValueError):
 
 @dataclass
 class GgufWeights:
-    """A model's matrices by transformers' parameter name, as blocks (``BlockTensor``): a GGUF file's,
-    or (``matrices`` empty) a float16 or bfloat16 model's own, taken once the decoder has fused them."""
+    """A model's matrices by transformers' parameter name, as blocks (``BlockTensor``) mapped from its
+    files: a GGUF file's, or a float16 or bfloat16 safetensors directory's (``directory``)."""
 
     matrices: dict[str, BlockTensor]
     file_bytes: int
     built: blocks.Blocks  # the products that take them
-
-    def of(self, model: Any) -> dict[str, BlockTensor]:
-        """The matrices, ``model``'s own where the file gave none."""
-        if self.matrices:
-            return self.matrices
-        return {name: BlockTensor.of(p.data) for name, p in model.named_parameters() if p.dim() == 2}
 
     def embeddings(self) -> BlockTensor:
         return self.matrices["model.embed_tokens.weight"]
@@ -178,6 +173,52 @@ def load(path: Path, model: Any, built: blocks.Blocks) -> GgufWeights:
         logger.warning("%s: tensors of %s have no product on their blocks here: de-quantised to float32",
                        path.name, ", ".join(sorted(dense)))
     return GgufWeights(matrices, path.stat().st_size, built)
+
+
+_SAFETENSORS = {"BF16": blocks.BF16, "F16": blocks.F16, "F32": blocks.F32}
+
+
+def directory(path: Path, model: Any, built: blocks.Blocks) -> GgufWeights:
+    """The weights of a safetensors model directory for ``model`` (``skeleton``), as ``load`` reads a
+    GGUF file's: each file mapped, its matrices views of it, its vectors read in float32."""
+    parameters = dict(model.named_parameters())
+    matrices, vectors, size = {}, set(), 0
+    for file in sorted(path.glob("*.safetensors")):
+        size += file.stat().st_size
+        for name, (kind, shape, data) in _safetensors(file).items():
+            if name not in parameters:
+                continue
+            if len(shape) == 2:
+                matrices[name] = BlockTensor(data.reshape(shape[0], -1), kind, shape[0], shape[1])
+            else:
+                values = np.frombuffer(data.tobytes(), dtype={blocks.F16: np.float16, blocks.F32: np.float32}.get(
+                    kind, np.uint16))
+                floats = (values.astype(np.uint32) << 16).view(np.float32) if kind == blocks.BF16 else values
+                _set(model, name, torch.from_numpy(floats.astype(np.float32)).reshape(parameters[name].shape))
+                vectors.add(name)
+    missing = sorted(set(parameters) - set(matrices) - vectors
+                     - ({"lm_head.weight"} if model.config.tie_word_embeddings else set()))
+    if missing:
+        raise ModelFileError(f"{path.name} lacks {len(missing)} tensors the model needs ({', '.join(missing[:3])}...)")
+    return GgufWeights(matrices, size, built)
+
+
+def _safetensors(file: Path) -> dict[str, tuple[int, list[int], np.ndarray]]:
+    """A safetensors file's tensors of float16, bfloat16 or float32: their type (GGML's number), shape
+    and bytes, a view of the mapped file."""
+    with file.open("rb") as opened:
+        length = int.from_bytes(opened.read(8), "little")
+        header = json.loads(opened.read(length))
+    mapped = np.memmap(file, dtype=np.uint8, mode="r")
+    found = {}
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        if entry["dtype"] not in _SAFETENSORS:
+            raise ModelFileError(f"{file.name}: tensor {name} is {entry['dtype']}, not float16, bfloat16 or float32")
+        start, end = entry["data_offsets"]
+        found[name] = (_SAFETENSORS[entry["dtype"]], entry["shape"], mapped[8 + length + start:8 + length + end])
+    return found
 
 
 def _hf_name(name: str) -> str | None:

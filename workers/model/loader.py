@@ -165,17 +165,17 @@ def _stored_dtype(path: Path) -> torch.dtype | None:
 
 
 def _dir_blocks(spec: ModelSpec, path: Path, stored: torch.dtype, built: blocks.Blocks) -> LoadedModel:
-    """A float16 or bfloat16 model directory served in its own dtype, every product on its weights as
-    they are (``blocks.c``'s F16 and BF16 rows): no float32 copy in memory."""
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=stored).eval()
+    """A float16 or bfloat16 model directory served on its own weights, mapped from its files as a
+    GGUF file's blocks are (``blocks.c``'s F16 and BF16 rows): no float32 copy, nor a fused one."""
+    model = gguf.skeleton(AutoConfig.from_pretrained(path))
+    weights = gguf.directory(path, model, built)
     threads = built.use_threads(torch.get_num_threads())
     torch.set_num_threads(1)  # as _gguf_blocks: the products take the threads
-    size = sum(file.stat().st_size for file in path.glob("*.safetensors"))
-    logger.info("model %s: served in %s (%.2f GB), products on %d threads", spec.id, str(stored).removeprefix("torch."),
-                size / 1e9, threads)
+    logger.info("model %s: served on its %s weights (%.2f GB), products on %d threads", spec.id,
+                str(stored).removeprefix("torch."), weights.file_bytes / 1e9, threads)
     tokenizer = AutoTokenizer.from_pretrained(path)
     card = make_card(spec, tokenizer, model.generation_config.eos_token_id)
-    return LoadedModel(spec, model, card, torch.device("cpu"), blocks=gguf.GgufWeights({}, size, built))
+    return LoadedModel(spec, model, card, torch.device("cpu"), blocks=weights)
 
 
 def cast_weights(model: Any, dtype: torch.dtype) -> None:

@@ -612,18 +612,29 @@ INLINE __m256 load8_bf16(const uint16_t *p) {
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
 }
 
+/* Float rows: each row's sums in as many chains as the registers hold (one chain is bound by the
+   multiply-add's latency, not by the bytes) */
 #define DEFINE_AVX2_FLOAT(NAME, T, LOAD8, LOAD1)                                                        \
     INLINE void NAME##_n(const void *w, const void *const *x, int nx, int64_t k, float *out) {        \
         const T *row = w;                                                                               \
-        __m256 acc[ROWS_AT_ONCE];                                                                       \
-        for (int r = 0; r < nx; r++) acc[r] = _mm256_setzero_ps();                                      \
+        const int split = nx == 1 ? 4 : nx == 2 ? 2 : 1;                                               \
+        __m256 acc[ROWS_AT_ONCE][4];                                                                    \
+        for (int r = 0; r < nx; r++)                                                                    \
+            for (int s = 0; s < split; s++) acc[r][s] = _mm256_setzero_ps();                            \
         int64_t j = 0;                                                                                  \
+        for (; j + 8 * split <= k; j += 8 * split)                                                      \
+            for (int s = 0; s < split; s++) {                                                           \
+                __m256 v = LOAD8(row + j + 8 * s);                                                      \
+                for (int r = 0; r < nx; r++)                                                            \
+                    acc[r][s] = _mm256_fmadd_ps(v, _mm256_loadu_ps((const float *)x[r] + j + 8 * s), acc[r][s]); \
+            }                                                                                           \
         for (; j + 8 <= k; j += 8) {                                                                    \
             __m256 v = LOAD8(row + j);                                                                  \
-            for (int r = 0; r < nx; r++) acc[r] = _mm256_fmadd_ps(v, _mm256_loadu_ps((const float *)x[r] + j), acc[r]); \
+            for (int r = 0; r < nx; r++) acc[r][0] = _mm256_fmadd_ps(v, _mm256_loadu_ps((const float *)x[r] + j), acc[r][0]); \
         }                                                                                               \
         for (int r = 0; r < nx; r++) {                                                                  \
-            float sum = hsum8(acc[r]);                                                                  \
+            for (int s = 1; s < split; s++) acc[r][0] = _mm256_add_ps(acc[r][0], acc[r][s]);            \
+            float sum = hsum8(acc[r][0]);                                                               \
             for (int64_t t = j; t < k; t++) sum += LOAD1(row[t]) * ((const float *)x[r])[t];           \
             out[r] = sum;                                                                               \
         }                                                                                               \

@@ -65,15 +65,6 @@ class BlockTensor:
                 or not self.data.flags.c_contiguous:
             raise ValueError(f"a tensor of type {self.type}, {self.rows} x {self.cols}: bytes {self.data.shape}")
 
-    @classmethod
-    def of(cls, weight: Tensor) -> "BlockTensor":
-        """A float16, bfloat16 or float32 matrix's own memory (no copy; kept alive by the caller)."""
-        kinds = {torch.float16: F16, torch.bfloat16: BF16, torch.float32: F32}
-        if weight.dtype not in kinds or weight.dim() != 2 or not weight.is_contiguous() or weight.device.type != "cpu":
-            raise ValueError(f"a matrix {tuple(weight.shape)} of {weight.dtype} on {weight.device}")
-        rows, cols = weight.shape
-        return cls(weight.view(torch.uint8).numpy().reshape(rows, -1), kinds[weight.dtype], rows, cols)
-
     @property
     def nbytes(self) -> int:
         return int(self.data.nbytes)

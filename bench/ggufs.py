@@ -74,7 +74,8 @@ def main() -> None:
                 print(json.dumps(results[-1]), flush=True)
     print(_table(results))
     if args.json:
-        args.json.write_text(json.dumps({"command": " ".join(sys.argv), "cpu": _cpu(), "results": results}, indent=1))
+        command = " ".join(["python -m bench.ggufs", *sys.argv[1:]])
+        args.json.write_text(json.dumps({"command": command, "cpu": _cpu(), "results": results}, indent=1))
 
 
 # --- the files --------------------------------------------------------------------------------------------

@@ -63,6 +63,7 @@ class ModelSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     compile: bool | Literal["auto"] = "auto"
     # decoding on 4-bit weights (a CPU with AVX2 or AVX512): "auto" when the weights already are 4-bit
     # groups (a Q4 GGUF: repacking them keeps every code), "int4" always (lossy for other models), "dense" never
+    # (nor serves a GGUF file or a half-precision directory on its own blocks: workers/model/gguf.py)
     weights: Literal["auto", "dense", "int4"] = "auto"
     # start a request after the prefix of its prompt that a KV slot still holds from an earlier
     # request of the same owner (its previous turn, a repeated system prompt) instead of computing it

@@ -1,4 +1,5 @@
-"""A GGUF file served in its own blocks: mapped, never de-quantised into a copy.
+"""A GGUF file served in its own blocks: mapped, never de-quantised into a copy; and a float16 or
+bfloat16 safetensors directory served the same way (``directory``).
 
 The file is memory-mapped (as llama.cpp maps it): each weight the decoder multiplies stays a view of
 its blocks in the file (``workers.model.cpu.blocks``), so a worker holds the file's pages, not a float32

@@ -81,12 +81,7 @@ class Blocks:
     """``blocks.c`` as loaded, its functions typed."""
 
     def __init__(self, library: ctypes.CDLL) -> None:
-        self.functions = {}
-        for name, argtypes in _SIGNATURES.items():
-            function = getattr(library, name)
-            function.argtypes = argtypes
-            function.restype = ctypes.c_int
-            self.functions[name] = function
+        self.functions = kernels.typed(library, _SIGNATURES)
         self.vectorised = bool(self.functions["blocks_vectorised"]())
         self.threads = 1
 
@@ -151,11 +146,8 @@ class BlockProduct:
         return f"GGUF blocks ({', '.join(sorted({TYPE_NAMES[t] for t in self.types}))})"
 
     def __call__(self, x: Tensor) -> Tensor:
-        if x.dtype != torch.float32 or not x.is_contiguous():
-            x = x.float().contiguous()
+        x = kernels.float_rows(x, self.k)
         rows, k = x.shape
-        if k != self.k:
-            raise ValueError(f"inputs of {k} for weights of {self.k}")
         if self._floats and rows >= TILE_ROWS:
             return self._tiled(x)
         out = torch.empty((rows, self.n))

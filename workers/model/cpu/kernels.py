@@ -74,12 +74,7 @@ class Kernels:
     """``kernels.c`` as loaded, its functions typed."""
 
     def __init__(self, library: ctypes.CDLL) -> None:
-        self.functions = {}
-        for name, argtypes in _SIGNATURES.items():
-            function = getattr(library, name)
-            function.argtypes = argtypes
-            function.restype = ctypes.c_int
-            self.functions[name] = function
+        self.functions = typed(library, _SIGNATURES)
         # built with AVX512-VNNI or AVX2 (this CPU has it): otherwise the products are plain C, slower than torch's
         self.int8_vectorised = bool(self.functions["int8_vectorised"]())
         # float16 converted by the CPU's own instructions (F16C): a float16 cache costs no more arithmetic
@@ -200,15 +195,32 @@ class GroupedWeights:
         return f"{self.bits}-bit groups"
 
     def __call__(self, x: Tensor) -> Tensor:
-        if x.dtype != torch.float32 or not x.is_contiguous():
-            x = x.float().contiguous()
+        x = float_rows(x, self.k)
         rows, k = x.shape
-        if k != self.k:
-            raise ValueError(f"inputs of {k} for weights of {self.k}")
         out = torch.empty((rows, self.n))
         if self._function(x.data_ptr(), rows, k, *self.pointers, self.n, out.data_ptr()) != 0:
             raise MemoryError("kernels.c: no memory for the quantised inputs")
         return out
+
+
+def typed(library: ctypes.CDLL, signatures: dict[str, list[type]]) -> dict[str, Any]:
+    """A built library's functions by name, their arguments typed, each returning a C int."""
+    functions = {}
+    for name, argtypes in signatures.items():
+        function = getattr(library, name)
+        function.argtypes = argtypes
+        function.restype = ctypes.c_int
+        functions[name] = function
+    return functions
+
+
+def float_rows(x: Tensor, k: int) -> Tensor:
+    """A product's inputs as the C products take them: contiguous float32 rows of ``k``."""
+    if x.dtype != torch.float32 or not x.is_contiguous():
+        x = x.float().contiguous()
+    if x.shape[-1] != k:
+        raise ValueError(f"inputs of {x.shape[-1]} for weights of {k}")
+    return x
 
 
 def allow_helper(allowed: bool) -> None:

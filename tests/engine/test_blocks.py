@@ -2,6 +2,9 @@
 on them against transformers on the same file, de-quantised."""
 
 import logging
+import os
+import signal
+import time
 from pathlib import Path
 
 import gguf
@@ -81,6 +84,26 @@ def test_fused_parts_and_threads_give_the_same_outputs(built: blocks.Blocks) -> 
     finally:
         built.use_threads(1)
     assert torch.equal(built.product(parts)(x), alone)
+
+
+def test_a_forked_child_runs_its_products_without_its_parents_threads(built: blocks.Blocks) -> None:
+    """A child forked after the pool started has none of its threads: its products must not wait for them."""
+    weights, x = tensor(Q.Q4_K, 64, 512), torch.randn(2, 512, generator=torch.Generator().manual_seed(3))
+    try:
+        built.use_threads(2)
+        want = built.product([weights])(x)
+        child = os.fork()
+        if child == 0:  # pragma: no cover - the child's verdict is its exit status
+            os._exit(0 if torch.equal(built.product([weights])(x), want) else 1)
+        deadline = time.monotonic() + 30
+        while (done := os.waitpid(child, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if done[0] == 0:
+            os.kill(child, signal.SIGKILL)
+            os.waitpid(child, 0)
+        assert done[0] == child and os.waitstatus_to_exitcode(done[1]) == 0, "the child hung or computed otherwise"
+    finally:
+        built.use_threads(1)
 
 
 def test_rows_come_back_as_the_file_holds_them(built: blocks.Blocks) -> None:

@@ -784,11 +784,23 @@ static void *helper_main(void *argument) {
     return NULL;
 }
 
+/* A forked child has none of its parent's threads: it starts its own at its next blocks_threads,
+   and runs its products alone until then (else it would wait for helpers that do not exist). */
+static void forked(void) {
+    pthread_mutex_init(&pool.lock, NULL);
+    pool.started = 0;
+    pool.wanted = 1;
+}
+
+static void register_forked(void) { pthread_atfork(NULL, NULL, forked); }
+
 /* Products split between `threads` threads from now on, the caller's included (1: the caller alone).
    Returns how many there are. */
 int blocks_threads(int threads) {
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
     if (threads < 1) threads = 1;
     if (threads > MAX_THREADS) threads = MAX_THREADS;
+    pthread_once(&once, register_forked);
     pthread_mutex_lock(&pool.lock);
     while (pool.started < threads - 1) {
         pthread_t thread;

@@ -55,13 +55,6 @@ class GgufWeights:
     file_bytes: int
     built: blocks.Blocks  # the products that take them
 
-    def embeddings(self) -> BlockTensor:
-        return self.matrices["model.embed_tokens.weight"]
-
-    def output(self) -> BlockTensor:
-        """The output layer's weights: its own, or the embeddings where they are tied."""
-        return self.matrices.get("lm_head.weight", self.embeddings())
-
 
 def reader(path: Path) -> Any:
     """gguf-py's reader of ``path`` (memory-mapped; parsed once per file as it is now: parsing a large

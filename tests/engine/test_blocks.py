@@ -117,6 +117,36 @@ def test_rows_come_back_as_the_file_holds_them(built: blocks.Blocks) -> None:
         built.rows(weights, torch.tensor([30]))
 
 
+def test_q4_k_rows_are_interleaved_by_eights_and_their_mapped_pages_given_back(built: blocks.Blocks,
+                                                                                 tmp_path: Path) -> None:
+    """A product interleaves a Q4_K tensor's rows in memory of its own (when they come in eights), then
+    drops the mapped file's pages it read from this process; a copy of its own is never dropped."""
+    weights = tensor(Q.Q4_K, 4096, 512)
+    path = tmp_path / "weights.bin"
+    path.write_bytes(bytes(10000) + weights.data.tobytes())  # as in a file, after other bytes
+    whole = np.memmap(path, dtype=np.uint8, mode="r")
+    mapped = BlockTensor(whole[10000:].reshape(4096, -1), int(Q.Q4_K), 4096, 512)
+    assert int(np.asarray(mapped.data).sum()) == int(weights.data.sum())  # every page read in
+    before = _file_pages_kb()
+    interleaved = built.interleaved(mapped)
+    assert interleaved.type == blocks.Q4_K_X8 and interleaved.data.base is not mapped.data.base
+    assert _file_pages_kb() < before - weights.nbytes // 2048, "the file's pages stay in this process"
+    x = torch.randn(3, 512, generator=torch.Generator().manual_seed(4))
+    assert torch.allclose(built.product([interleaved])(x), built.product([weights])(x), rtol=0, atol=0)
+    assert np.array_equal(np.asarray(mapped.data), weights.data), "read again, the file's bytes come back"
+    copy = weights.data.copy()
+    built.interleaved(BlockTensor(copy, int(Q.Q4_K), 4096, 512))
+    assert np.array_equal(copy, weights.data)
+    assert built.interleaved(tensor(Q.Q4_K, 12, 512)).type == Q.Q4_K, "rows not in eights stay as they are"
+    with pytest.raises(ValueError, match="outside"):  # rows of interleaved blocks are not looked up
+        built.rows(interleaved, torch.tensor([0]))
+
+
+def _file_pages_kb() -> int:
+    status = Path("/proc/self/status").read_text()
+    return int(next(line for line in status.splitlines() if line.startswith("RssFile:")).split()[1])
+
+
 def test_a_product_refuses_what_it_does_not_take(built: blocks.Blocks) -> None:
     with pytest.raises(ValueError, match="no product"):
         BlockTensor(np.zeros((2, 110), dtype=np.uint8), int(Q.Q3_K), 2, 256)

@@ -7,7 +7,9 @@
    blocks of 256), F16, BF16 and F32 rows. As llama.cpp does, the inputs are first quantised to 8 bits
    (per 32 for the blocks of 32, per 256 with sums of every 16 for the K-quants), so that
    the products run on integers: AVX2's byte products (maddubs: unsigned by signed bytes, pairs summed
-   into 16 bits), else plain C. Float weights multiply the float32 inputs.
+   into 16 bits; AVX512 VNNI's dpbusd where the CPU has it), else plain C. Float weights multiply the
+   float32 inputs. Q4_K and Q6_K tensors are first interleaved by eights (blocks_interleave: a copy, as
+   llama.cpp repacks them), so that one load of codes and one broadcast of inputs serve eight rows.
 
    A weight row's blocks are unpacked once for up to ROWS_AT_ONCE input rows (8 streams, a prompt
    chunk), and a prompt's rows go through in tiles that stay in the caches while a tile of weight rows
@@ -38,10 +40,19 @@
 #else
 #define BLOCKS_AVX2 0
 #endif
+/* AVX512's byte dot products on 256-bit vectors (Zen 4, Ice Lake and later): one instruction for maddubs,
+   madd and add where a sum of 4 products goes on in 32 bits */
+#if BLOCKS_AVX2 && defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#define BLOCKS_VNNI 1
+#else
+#define BLOCKS_VNNI 0
+#endif
 
 /* GGML's type numbers (gguf-py's GGMLQuantizationType) */
 enum { T_F32 = 0, T_F16 = 1, T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q5_1 = 7, T_Q8_0 = 8, T_Q4_K = 12, T_Q5_K = 13, T_Q6_K = 14,
-       T_BF16 = 30 };
+       T_BF16 = 30,
+       /* not GGML's: Q4_K and Q6_K super-blocks of eight rows interleaved (blocks_interleave), the products' layout */
+       T_Q4_K_X8 = 1012, T_Q6_K_X8 = 1014 };
 /* the inputs' form for each: quantised per 32 (Q8_0: scale; Q8_1: scale and scale * sum), per 256
    (Q8_K), or float32 */
 enum { A_Q8_0 = 0, A_Q8_1 = 1, A_Q8_K = 2, A_F32 = 3, A_KINDS = 4 };
@@ -65,6 +76,30 @@ typedef struct { float d, s; int8_t qs[QK]; } act_q8;
 /* bsums: the sums of each 16 codes (Q6_K's groups); sums32: of each 32 (Q4_K's and Q5_K's sub-blocks) */
 typedef struct { float d; int16_t bsums[QK_K / 16]; int16_t sums32[QK_K / 32]; int8_t qs[QK_K]; } act_q8_K;
 
+/* Eight rows' Q4_K super-blocks over the same 256 inputs, laid out for products on all eight at once:
+   the scales and minimums unpacked to bytes, and the codes in 32 groups of 4 inputs, each group the eight
+   rows' 4 bytes side by side (a row's 4 bytes: 4 codes of sub-block 2j in the low nibbles, of 2j+1 in the
+   high ones). One 32-byte load then holds eight rows' codes for the same inputs, and the per-row work
+   (scales, minimums, float scales) is done for eight rows in one vector. */
+typedef struct {
+    uint16_t d[8], dmin[8];
+    uint8_t scales[8][8];   /* [sub-block][row] */
+    uint8_t mins[4][16];    /* [sub-block pair p][2 row + t]: the minimum of sub-block 2p + t */
+    uint8_t qs[4][8][32];   /* [j][group g][4 row + b]: byte 32 j + 4 g + b of the row's codes */
+} block_q4_K_x8;
+
+/* Eight rows' Q6_K super-blocks, as block_q4_K_x8: in each half of 128 inputs, group g's 4 inputs of each
+   32 (s = 0..3) come from q[half][g][0 and 1] (a Q6_K's ql[l] and ql[l + 32], l = 4 g + b: low nibbles
+   for s = 0 and 1, high ones for 2 and 3) and q[half][g][2] (its qh[l]: bits 2 s and 2 s + 1), eight rows
+   side by side, in the order the products read them (the hardware's prefetching follows one stream). */
+typedef struct {
+    uint16_t d[8];
+    int8_t scales[8][16];     /* [pair p][2 row + t]: the scale of the row's group of 16 number 2 p + t */
+    uint8_t q[2][8][3][32];   /* [half][group g][ql[l], ql[l + 32], qh[l]][4 row + b] */
+} block_q6_K_x8;
+
+_Static_assert(sizeof(block_q4_K_x8) == 1184, "Q4_K x8");
+_Static_assert(sizeof(block_q6_K_x8) == 1680, "Q6_K x8");
 _Static_assert(sizeof(block_q4_0) == 18, "Q4_0");
 _Static_assert(sizeof(block_q4_1) == 20, "Q4_1");
 _Static_assert(sizeof(block_q5_0) == 22, "Q5_0");
@@ -125,23 +160,26 @@ static inline float as_f16(float f) { return f16_to_f32(f32_to_f16(f)); }
 
 typedef struct {
     int64_t block;     /* weights per block */
-    int64_t bytes;     /* bytes per block */
+    int64_t bytes;     /* bytes per block (of all its rows) */
     int activation;    /* the inputs' form */
+    int64_t rows;      /* weight rows a block spans: 1, or 8 interleaved */
 } type_info;
 
 static int type_of(int64_t type, type_info *info) {
     switch (type) {
-    case T_F32: *info = (type_info){1, 4, A_F32}; return 0;
-    case T_F16: *info = (type_info){1, 2, A_F32}; return 0;
-    case T_BF16: *info = (type_info){1, 2, A_F32}; return 0;
-    case T_Q4_0: *info = (type_info){QK, sizeof(block_q4_0), A_Q8_0}; return 0;
-    case T_Q4_1: *info = (type_info){QK, sizeof(block_q4_1), A_Q8_1}; return 0;
-    case T_Q5_0: *info = (type_info){QK, sizeof(block_q5_0), A_Q8_0}; return 0;
-    case T_Q5_1: *info = (type_info){QK, sizeof(block_q5_1), A_Q8_1}; return 0;
-    case T_Q8_0: *info = (type_info){QK, sizeof(block_q8_0), A_Q8_0}; return 0;
-    case T_Q4_K: *info = (type_info){QK_K, sizeof(block_q4_K), A_Q8_K}; return 0;
-    case T_Q5_K: *info = (type_info){QK_K, sizeof(block_q5_K), A_Q8_K}; return 0;
-    case T_Q6_K: *info = (type_info){QK_K, sizeof(block_q6_K), A_Q8_K}; return 0;
+    case T_F32: *info = (type_info){1, 4, A_F32, 1}; return 0;
+    case T_F16: *info = (type_info){1, 2, A_F32, 1}; return 0;
+    case T_BF16: *info = (type_info){1, 2, A_F32, 1}; return 0;
+    case T_Q4_0: *info = (type_info){QK, sizeof(block_q4_0), A_Q8_0, 1}; return 0;
+    case T_Q4_1: *info = (type_info){QK, sizeof(block_q4_1), A_Q8_1, 1}; return 0;
+    case T_Q5_0: *info = (type_info){QK, sizeof(block_q5_0), A_Q8_0, 1}; return 0;
+    case T_Q5_1: *info = (type_info){QK, sizeof(block_q5_1), A_Q8_1, 1}; return 0;
+    case T_Q8_0: *info = (type_info){QK, sizeof(block_q8_0), A_Q8_0, 1}; return 0;
+    case T_Q4_K: *info = (type_info){QK_K, sizeof(block_q4_K), A_Q8_K, 1}; return 0;
+    case T_Q5_K: *info = (type_info){QK_K, sizeof(block_q5_K), A_Q8_K, 1}; return 0;
+    case T_Q6_K: *info = (type_info){QK_K, sizeof(block_q6_K), A_Q8_K, 1}; return 0;
+    case T_Q4_K_X8: *info = (type_info){QK_K, sizeof(block_q4_K_x8), A_Q8_K, 8}; return 0;
+    case T_Q6_K_X8: *info = (type_info){QK_K, sizeof(block_q6_K_x8), A_Q8_K, 8}; return 0;
     default: return -1;
     }
 }
@@ -343,6 +381,55 @@ static void plain_q4_K(const void *w, const void *const *x, int nx, int64_t nb, 
     }
 }
 
+/* Eight interleaved Q4_K rows against nx input rows: out[8 r + i] for input r, weight row i. */
+static void plain_q4_K_x8(const void *w, const void *const *x, int nx, int64_t nb, float *out) {
+    const block_q4_K_x8 *b = w;
+    for (int o = 0; o < 8 * nx; o++) out[o] = 0.0f;
+    for (int64_t i = 0; i < nb; i++)
+        for (int r = 0; r < nx; r++) {
+            const act_q8_K *a = (const act_q8_K *)x[r] + i;
+            for (int row = 0; row < 8; row++) {
+                int sum = 0, mins = 0;
+                for (int s = 0; s < 8; s++) {
+                    int j = s / 2, high = s % 2, dot = 0;
+                    for (int l = 0; l < 32; l++) {
+                        uint8_t byte = b[i].qs[j][l / 4][4 * row + l % 4];
+                        dot += (high ? byte >> 4 : byte & 0xF) * a->qs[64 * j + 32 * high + l];
+                    }
+                    sum += b[i].scales[s][row] * dot;
+                    mins += b[i].mins[j][2 * row + high] * a->sums32[s];
+                }
+                out[8 * r + row] += a->d * (f16_to_f32(b[i].d[row]) * (float)sum - f16_to_f32(b[i].dmin[row]) * (float)mins);
+            }
+        }
+}
+
+/* A code of row `row` of an interleaved Q6_K super-block: input 128 half + 32 s + l (as plain_q6_K's). */
+static int q6_K_x8_code(const block_q6_K_x8 *b, int row, int half, int s, int l) {
+    uint8_t low = b->q[half][l / 4][s % 2][4 * row + l % 4], high = b->q[half][l / 4][2][4 * row + l % 4];
+    return ((s < 2 ? low & 0xF : low >> 4) | (((high >> (2 * s)) & 3) << 4)) - 32;
+}
+
+static void plain_q6_K_x8(const void *w, const void *const *x, int nx, int64_t nb, float *out) {
+    const block_q6_K_x8 *b = w;
+    for (int o = 0; o < 8 * nx; o++) out[o] = 0.0f;
+    for (int64_t i = 0; i < nb; i++)
+        for (int r = 0; r < nx; r++) {
+            const act_q8_K *a = (const act_q8_K *)x[r] + i;
+            for (int row = 0; row < 8; row++) {
+                int sum = 0;
+                for (int half = 0; half < 2; half++)
+                    for (int s = 0; s < 4; s++)
+                        for (int l = 0; l < 32; l++) {
+                            int input = 128 * half + 32 * s + l, group = input / 16;
+                            sum += b[i].scales[group / 2][2 * row + group % 2] * q6_K_x8_code(&b[i], row, half, s, l) *
+                                   a->qs[input];
+                        }
+                out[8 * r + row] += f16_to_f32(b[i].d[row]) * a->d * (float)sum;
+            }
+        }
+}
+
 static void plain_q5_K(const void *w, const void *const *x, int nx, int64_t nb, float *out) {
     const block_q5_K *b = w;
     uint8_t codes[QK_K];
@@ -407,6 +494,8 @@ DEFINE_PLAIN_FLOAT(plain_bf16, uint16_t, bf16_to_f32)
 
 #if BLOCKS_AVX2
 #define INLINE static inline __attribute__((always_inline))
+/* loops whose counts are constants, unrolled whole: their sums stay in registers */
+#define UNROLL _Pragma("GCC unroll 8")
 
 INLINE float hsum8(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -606,6 +695,150 @@ INLINE void avx2_q6_K_n(const void *w, const void *const *x, int nx, int64_t nb,
     for (int r = 0; r < nx; r++) out[r] = hsum8(acc[r]);
 }
 
+/* A sub-block's 8 groups of codes against their inputs, added up per row (x8_add), then times each row's
+   scale (x8_scale_of: the scales of 8 bytes; x8_scaled). With VNNI, dpbusd adds each 32-bit lane's 4 byte
+   products into it, and the row sums are multiplied as 32 bits; else maddubs' pairs add up in 16 bits (at
+   most 8 * 2 * 15 * 128) and madd multiplies each row's two lanes by its scale and adds them. */
+#if BLOCKS_VNNI
+INLINE __m256i x8_add(__m256i sums, __m256i codes, __m256i inputs) { return _mm256_dpbusd_epi32(sums, codes, inputs); }
+INLINE __m256i x8_scale_of(const uint8_t *scales) { return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)scales)); }
+INLINE __m256i x8_scaled(__m256i sums, __m256i scale) { return _mm256_mullo_epi32(sums, scale); }
+#else
+INLINE __m256i x8_add(__m256i sums, __m256i codes, __m256i inputs) {
+    return _mm256_add_epi16(sums, _mm256_maddubs_epi16(codes, inputs));
+}
+INLINE __m256i x8_scale_of(const uint8_t *scales) {
+    const __m128i bytes = _mm_loadl_epi64((const __m128i *)scales);
+    return _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(bytes, bytes));
+}
+INLINE __m256i x8_scaled(__m256i sums, __m256i scale) { return _mm256_madd_epi16(sums, scale); }
+#endif
+
+/* Eight interleaved Q4_K rows (block_q4_K_x8) against nx (at most 4) input rows: a group's 32 bytes hold
+   the eight rows' codes for the same 4 inputs, so one broadcast of the inputs serves eight rows. */
+INLINE void avx2_q4_K_x8_n(const void *w, const void *const *x, int nx, int64_t nb, float *out) {
+    const block_q4_K_x8 *b = w;
+    __m256 acc[4], acc_m[4];
+    for (int r = 0; r < nx; r++) { acc[r] = _mm256_setzero_ps(); acc_m[r] = _mm256_setzero_ps(); }
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    for (int64_t i = 0; i < nb; i++) {
+        __m256i sums[4];
+        for (int r = 0; r < nx; r++) sums[r] = _mm256_setzero_si256();
+        for (int j = 0; j < 4; j++) {
+            __m256i low_sums[4], high_sums[4];
+            for (int r = 0; r < nx; r++) low_sums[r] = high_sums[r] = _mm256_setzero_si256();
+            for (int g = 0; g < 8; g++) {
+                const __m256i bits = _mm256_loadu_si256((const __m256i *)b[i].qs[j][g]);
+                const __m256i low = _mm256_and_si256(bits, m4), high = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
+                for (int r = 0; r < nx; r++) {
+                    const int8_t *q8 = ((const act_q8_K *)x[r] + i)->qs + 64 * j + 4 * g;
+                    int32_t low4, high4;
+                    memcpy(&low4, q8, 4);
+                    memcpy(&high4, q8 + 32, 4);
+                    low_sums[r] = x8_add(low_sums[r], low, _mm256_set1_epi32(low4));
+                    high_sums[r] = x8_add(high_sums[r], high, _mm256_set1_epi32(high4));
+                }
+            }
+            const __m256i scale_l = x8_scale_of(b[i].scales[2 * j]), scale_h = x8_scale_of(b[i].scales[2 * j + 1]);
+            for (int r = 0; r < nx; r++)
+                sums[r] = _mm256_add_epi32(sums[r], _mm256_add_epi32(x8_scaled(low_sums[r], scale_l),
+                                                                     x8_scaled(high_sums[r], scale_h)));
+        }
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)b[i].d));
+        const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)b[i].dmin));
+        for (int r = 0; r < nx; r++) {
+            const act_q8_K *a = (const act_q8_K *)x[r] + i;
+            __m256i mins = _mm256_setzero_si256();
+            for (int pair = 0; pair < 4; pair++) { /* two sub-blocks' minimums against their inputs' sums */
+                int32_t sums2;
+                memcpy(&sums2, a->sums32 + 2 * pair, 4);
+                const __m256i m = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)b[i].mins[pair]));
+                mins = _mm256_add_epi32(mins, _mm256_madd_epi16(m, _mm256_set1_epi32(sums2)));
+            }
+            const __m256 ad = _mm256_set1_ps(a->d);
+            acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(d, ad), _mm256_cvtepi32_ps(sums[r]), acc[r]);
+            acc_m[r] = _mm256_fmadd_ps(_mm256_mul_ps(dmin, ad), _mm256_cvtepi32_ps(mins), acc_m[r]);
+        }
+    }
+    for (int r = 0; r < nx; r++) _mm256_storeu_ps(out + 8 * r, _mm256_sub_ps(acc[r], acc_m[r]));
+}
+
+/* An interleaved Q6_K row pair's scales (x8_scaled's form) of group 2 p + t: from 16 signed bytes, row r's
+   scales of groups 2 p and 2 p + 1 side by side. */
+INLINE __m256i x6_scale(const int8_t *pair, int t) {
+    const __m256i both = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)pair));
+#if BLOCKS_VNNI
+    return t ? _mm256_srai_epi32(both, 16) : _mm256_srai_epi32(_mm256_slli_epi32(both, 16), 16);
+#else
+    /* each 32-bit lane's first (t = 0) or second 16 bits in both halves */
+    const __m256i first = _mm256_setr_epi8(0, 1, 0, 1, 4, 5, 4, 5, 8, 9, 8, 9, 12, 13, 12, 13,
+                                           0, 1, 0, 1, 4, 5, 4, 5, 8, 9, 8, 9, 12, 13, 12, 13);
+    return _mm256_shuffle_epi8(both, t ? _mm256_add_epi8(first, _mm256_set1_epi8(2)) : first);
+#endif
+}
+
+/* Groups of 4 inputs whose products add up before their scale: a group of 16's 4 with VNNI's 32-bit sums;
+   2 in maddubs' 16 bits (at most 2 * 2 * 63 * 128) */
+#define X6_RUN (BLOCKS_VNNI ? 4 : 2)
+
+/* Eight interleaved Q6_K rows (block_q6_K_x8) against nx (at most 4) input rows: codes 0..63 (32 above the
+   signed ones) against the inputs, less 32 times each group's scale times its inputs' sum (bsums). */
+INLINE void avx2_q6_K_x8_n(const void *w, const void *const *x, int nx, int64_t nb, float *out) {
+    const block_q6_K_x8 *b = w;
+    __m256 acc[4];
+    for (int r = 0; r < nx; r++) acc[r] = _mm256_setzero_ps();
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
+    for (int64_t i = 0; i < nb; i++) {
+        __m256i sums[4];
+        for (int r = 0; r < nx; r++) sums[r] = _mm256_setzero_si256();
+        for (int half = 0; half < 2; half++)
+            UNROLL for (int g0 = 0; g0 < 8; g0 += X6_RUN) {
+                __m256i run[4][4]; /* [input row][s] */
+                for (int r = 0; r < nx; r++)
+                    for (int q = 0; q < 4; q++) run[r][q] = _mm256_setzero_si256();
+                UNROLL for (int g = g0; g < g0 + X6_RUN; g++) {
+                    const __m256i l0 = _mm256_loadu_si256((const __m256i *)b[i].q[half][g][0]);
+                    const __m256i l1 = _mm256_loadu_si256((const __m256i *)b[i].q[half][g][1]);
+                    const __m256i h = _mm256_loadu_si256((const __m256i *)b[i].q[half][g][2]);
+                    const __m256i codes[4] = {
+                        _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16(h, 4), m30)),
+                        _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16(h, 2), m30)),
+                        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(h, m30)),
+                        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                                        _mm256_and_si256(_mm256_srli_epi16(h, 2), m30)),
+                    };
+                    UNROLL for (int r = 0; r < nx; r++) {
+                        const int8_t *q8 = ((const act_q8_K *)x[r] + i)->qs + 128 * half + 4 * g;
+                        UNROLL for (int q = 0; q < 4; q++) {
+                            int32_t four;
+                            memcpy(&four, q8 + 32 * q, 4);
+                            run[r][q] = x8_add(run[r][q], codes[q], _mm256_set1_epi32(four));
+                        }
+                    }
+                }
+                UNROLL for (int q = 0; q < 4; q++) { /* group of 16 number 8 half + 2 q + g0 / 4 */
+                    const int group = 8 * half + 2 * q + g0 / 4;
+                    const __m256i scale = x6_scale(b[i].scales[group / 2], group % 2);
+                    for (int r = 0; r < nx; r++) sums[r] = _mm256_add_epi32(sums[r], x8_scaled(run[r][q], scale));
+                }
+            }
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)b[i].d));
+        for (int r = 0; r < nx; r++) {
+            const act_q8_K *a = (const act_q8_K *)x[r] + i;
+            __m256i offset = _mm256_setzero_si256();
+            for (int pair = 0; pair < 8; pair++) {
+                int32_t sums2;
+                memcpy(&sums2, a->bsums + 2 * pair, 4);
+                const __m256i scales = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)b[i].scales[pair]));
+                offset = _mm256_add_epi32(offset, _mm256_madd_epi16(scales, _mm256_set1_epi32(sums2)));
+            }
+            const __m256i total = _mm256_sub_epi32(sums[r], _mm256_slli_epi32(offset, 5));
+            acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(a->d)), _mm256_cvtepi32_ps(total), acc[r]);
+        }
+    }
+    for (int r = 0; r < nx; r++) _mm256_storeu_ps(out + 8 * r, acc[r]);
+}
+
 INLINE __m256 load8_f32(const float *p) { return _mm256_loadu_ps(p); }
 INLINE __m256 load8_f16(const uint16_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
 INLINE __m256 load8_bf16(const uint16_t *p) {
@@ -673,6 +906,19 @@ BY_COUNT(avx2_q8_0)
         default: NAME##_n(w, x, 4, nb, out); break;                                                    \
         }                                                                                               \
     }
+/* The interleaved products, 4 input rows at a time: eight weight rows' sums take 4 registers a row */
+#define BY_COUNT_X8(NAME)                                                                               \
+    static void NAME(const void *w, const void *const *x, int nx, int64_t nb, float *out) {            \
+        for (; nx > 4; nx -= 4, x += 4, out += 32) NAME##_n(w, x, 4, nb, out);                          \
+        switch (nx) {                                                                                   \
+        case 1: NAME##_n(w, x, 1, nb, out); break;                                                     \
+        case 2: NAME##_n(w, x, 2, nb, out); break;                                                     \
+        case 3: NAME##_n(w, x, 3, nb, out); break;                                                     \
+        default: NAME##_n(w, x, 4, nb, out); break;                                                    \
+        }                                                                                               \
+    }
+BY_COUNT_X8(avx2_q4_K_x8)
+BY_COUNT_X8(avx2_q6_K_x8)
 BY_COUNT_4(avx2_q4_K)
 BY_COUNT_4(avx2_q5_K)
 BY_COUNT(avx2_q6_K)
@@ -681,7 +927,8 @@ BY_COUNT(avx2_f16)
 BY_COUNT(avx2_bf16)
 #endif
 
-/* One weight row (of `count` blocks, or floats) against up to ROWS_AT_ONCE input rows. */
+/* One weight row (of `count` blocks, or floats) against up to ROWS_AT_ONCE input rows; an interleaved
+   type's eight rows at once (out[8 r + i]). */
 typedef void (*row_product)(const void *, const void *const *, int, int64_t, float *);
 
 /* The plain C products even where AVX2's are built (blocks_plain: the tests compare the two) */
@@ -701,6 +948,8 @@ static row_product product_of(int64_t type) {
     case T_Q5_1: return avx2_q5_1;
     case T_Q8_0: return avx2_q8_0;
     case T_Q4_K: return avx2_q4_K;
+    case T_Q4_K_X8: return avx2_q4_K_x8;
+    case T_Q6_K_X8: return avx2_q6_K_x8;
     case T_Q5_K: return avx2_q5_K;
     case T_Q6_K: return avx2_q6_K;
     case T_F32: return avx2_f32;
@@ -715,6 +964,8 @@ static row_product product_of(int64_t type) {
     case T_Q5_1: return plain_q5_1;
     case T_Q8_0: return plain_q8_0;
     case T_Q4_K: return plain_q4_K;
+    case T_Q4_K_X8: return plain_q4_K_x8;
+    case T_Q6_K_X8: return plain_q6_K_x8;
     case T_Q5_K: return plain_q5_K;
     case T_Q6_K: return plain_q6_K;
     case T_F32: return plain_f32;
@@ -863,20 +1114,22 @@ static void product_columns(const product_job *job, int64_t c0, int64_t c1) {
         type_info info;
         type_of(w->type, &info);
         row_product product = product_of(w->type);
-        int64_t count = job->k / info.block, row_bytes = count * info.bytes;
+        /* bytes of a row of blocks (of info.rows weight rows: first and last are multiples of it) */
+        int64_t count = job->k / info.block, row_bytes = count * info.bytes, g = info.rows;
         const uint8_t *inputs = job->inputs[info.activation];
         int64_t stride = job->input_bytes[info.activation];
         for (int64_t r0 = 0; r0 < job->nx; r0 += TILE_INPUTS) {
             int64_t r1 = r0 + TILE_INPUTS < job->nx ? r0 + TILE_INPUTS : job->nx;
-            for (int64_t c = first; c < last; c++) {
-                const void *row = (const uint8_t *)w->data + c * row_bytes;
+            for (int64_t c = first; c < last; c += g) {
+                const void *row = (const uint8_t *)w->data + c / g * row_bytes;
                 for (int64_t r = r0; r < r1; r += ROWS_AT_ONCE) {
                     int n = r1 - r < ROWS_AT_ONCE ? (int)(r1 - r) : ROWS_AT_ONCE;
                     const void *x[ROWS_AT_ONCE];
-                    float sums[ROWS_AT_ONCE];
+                    float sums[ROWS_AT_ONCE * 8];
                     for (int i = 0; i < n; i++) x[i] = inputs + (r + i) * stride;
                     product(row, x, n, count, sums);
-                    for (int i = 0; i < n; i++) job->out[(r + i) * job->columns + start + c] = sums[i];
+                    for (int i = 0; i < n; i++)
+                        for (int64_t o = 0; o < g; o++) job->out[(r + i) * job->columns + start + c + o] = sums[i * g + o];
                 }
             }
         }
@@ -901,7 +1154,10 @@ int blocks_matmul(const float *x, int64_t nx, int64_t k, const part *parts, int6
     int needed[A_KINDS] = {0};
     for (int64_t p = 0; p < nparts; p++) {
         type_info info;
-        if (type_of(parts[p].type, &info) || k % info.block) return -1;
+        /* interleaved rows start and end on their groups: the threads' shares are tiles of TILE_WEIGHTS */
+        if (type_of(parts[p].type, &info) || k % info.block || parts[p].rows % info.rows ||
+            job.columns % info.rows || TILE_WEIGHTS % info.rows)
+            return -1;
         needed[info.activation] = 1;
         job.columns += parts[p].rows;
     }
@@ -927,6 +1183,53 @@ int blocks_matmul(const float *x, int64_t nx, int64_t k, const part *parts, int6
     }
     for (int kind = 0; kind < A_KINDS; kind++) free(buffers[kind]);
     return status;
+}
+
+/* --- interleaved rows -------------------------------------------------------------------------------- */
+
+/* dst = the Q4_K or Q6_K tensor src (rows x k) with each eight rows interleaved (block_q4_K_x8,
+   block_q6_K_x8). Returns 0; -1 for another type, rows not a multiple of 8, or k not of whole super-blocks. */
+static void interleave_q6_K(const block_q6_K *in, int64_t rows, int64_t nb, block_q6_K_x8 *out) {
+    for (int64_t group = 0; group < rows / 8; group++)
+        for (int64_t i = 0; i < nb; i++, out++)
+            for (int row = 0; row < 8; row++) {
+                const block_q6_K *b = &in[(group * 8 + row) * nb + i];
+                out->d[row] = b->d;
+                for (int g = 0; g < 16; g++) out->scales[g / 2][2 * row + g % 2] = b->scales[g];
+                for (int half = 0; half < 2; half++)
+                    for (int g = 0; g < 8; g++) {
+                        memcpy(&out->q[half][g][0][4 * row], b->ql + 64 * half + 4 * g, 4);
+                        memcpy(&out->q[half][g][1][4 * row], b->ql + 64 * half + 32 + 4 * g, 4);
+                        memcpy(&out->q[half][g][2][4 * row], b->qh + 32 * half + 4 * g, 4);
+                    }
+            }
+}
+
+int blocks_interleave(const void *src, int64_t type, int64_t rows, int64_t k, void *dst) {
+    if ((type != T_Q4_K && type != T_Q6_K) || rows % 8 || k % QK_K) return -1;
+    if (type == T_Q6_K) {
+        interleave_q6_K(src, rows, k / QK_K, dst);
+        return 0;
+    }
+    const int64_t nb = k / QK_K;
+    const block_q4_K *in = src;
+    block_q4_K_x8 *out = dst;
+    for (int64_t group = 0; group < rows / 8; group++)
+        for (int64_t i = 0; i < nb; i++, out++)
+            for (int row = 0; row < 8; row++) {
+                const block_q4_K *b = &in[(group * 8 + row) * nb + i];
+                out->d[row] = b->d;
+                out->dmin[row] = b->dmin;
+                for (int s = 0; s < 8; s++) {
+                    int scale, min;
+                    scale_min_k4(s, b->scales, &scale, &min);
+                    out->scales[s][row] = (uint8_t)scale;
+                    out->mins[s / 2][2 * row + s % 2] = (uint8_t)min;
+                }
+                for (int j = 0; j < 4; j++)
+                    for (int g = 0; g < 8; g++) memcpy(&out->qs[j][g][4 * row], b->qs + 32 * j + 4 * g, 4);
+            }
+    return 0;
 }
 
 /* --- rows as float32 ------------------------------------------------------------------------------------ */
@@ -1047,7 +1350,7 @@ static void row_bf16(const void *data, int64_t k, float *y) {
    type it does not take, or an id outside the tensor. */
 int blocks_rows(const void *data, int64_t type, int64_t k, int64_t rows, const int64_t *ids, int64_t n, float *out) {
     type_info info;
-    if (type_of(type, &info) || k % info.block) return -1;
+    if (type_of(type, &info) || k % info.block || info.rows != 1) return -1;
     void (*row)(const void *, int64_t, float *) = NULL;
     switch (type) {
     case T_Q4_0: row = row_q4_0; break;

@@ -11,6 +11,7 @@ Built with the system C compiler for this CPU, as ``kernels.c`` is (``kernels.co
 
 import ctypes
 import logging
+import mmap
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,11 +27,15 @@ logger = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("blocks.c")
 # GGML's type numbers of what the products take, and each type's bytes per block of its weights
 F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, BF16 = 0, 1, 2, 3, 6, 7, 8, 12, 13, 14, 30
+# not GGML's: Q4_K and Q6_K with each eight rows interleaved (``blocks.c``, block_q4_K_x8 and block_q6_K_x8),
+# what a product makes of them
+Q4_K_X8, Q6_K_X8 = 1012, 1014
+INTERLEAVED = {Q4_K: Q4_K_X8, Q6_K: Q6_K_X8}
 BLOCK_BYTES = {F32: (1, 4), F16: (1, 2), BF16: (1, 2), Q4_0: (32, 18), Q4_1: (32, 20), Q5_0: (32, 22), Q5_1: (32, 24),
                Q8_0: (32, 34),
-               Q4_K: (256, 144), Q5_K: (256, 176), Q6_K: (256, 210)}
+               Q4_K: (256, 144), Q5_K: (256, 176), Q6_K: (256, 210), Q4_K_X8: (256, 148), Q6_K_X8: (256, 210)}
 TYPE_NAMES = {F32: "F32", F16: "F16", BF16: "BF16", Q4_0: "Q4_0", Q4_1: "Q4_1", Q5_0: "Q5_0", Q5_1: "Q5_1",
-              Q8_0: "Q8_0", Q4_K: "Q4_K", Q5_K: "Q5_K", Q6_K: "Q6_K"}
+              Q8_0: "Q8_0", Q4_K: "Q4_K", Q5_K: "Q5_K", Q6_K: "Q6_K", Q4_K_X8: "Q4_K", Q6_K_X8: "Q6_K"}
 # a prompt's products of at least TILE_ROWS rows on float weights run on float32 tiles of TILE weight
 # rows; quantised weights' stay on their blocks, faster than de-quantised tiles through the matrix
 # library (docs/performance.md, "GGUF weights in their own blocks")
@@ -40,6 +45,7 @@ _SIGNATURES: dict[str, list[type]] = {
     "blocks_matmul": [_P, _I, _I, _P, _I, _P],
     "blocks_rows": [_P, _I, _I, _I, _P, _I, _P],
     "blocks_quantize": [_P, _I, _I, _I, _P],
+    "blocks_interleave": [_P, _I, _I, _I, _P],
     "blocks_threads": [ctypes.c_int],
     "blocks_plain": [ctypes.c_int],
     "blocks_vectorised": [],
@@ -62,7 +68,7 @@ class BlockTensor:
         block, size = BLOCK_BYTES[self.type]
         shape = (self.rows, self.cols // block * size)
         if self.cols % block or self.data.dtype != np.uint8 or self.data.shape != shape \
-                or not self.data.flags.c_contiguous:
+                or not self.data.flags.c_contiguous or (self.type in INTERLEAVED.values() and self.rows % 8):
             raise ValueError(f"a tensor of type {self.type}, {self.rows} x {self.cols}: bytes {self.data.shape}")
 
     @property
@@ -96,8 +102,25 @@ class Blocks:
         self.functions["blocks_plain"](int(on))
 
     def product(self, parts: Sequence[BlockTensor]) -> "BlockProduct":
-        """One product over ``parts`` (their rows side by side in the output: a fused q, k and v)."""
-        return BlockProduct(self, parts)
+        """One product over ``parts`` (their rows side by side in the output: a fused q, k and v), Q4_K
+        parts interleaved first (``interleaved``)."""
+        return BlockProduct(self, [self.interleaved(part) for part in parts])
+
+    def interleaved(self, tensor: BlockTensor) -> BlockTensor:
+        """A Q4_K or Q6_K tensor (rows a multiple of 8) with each eight rows interleaved, in memory of its
+        own: its products read eight rows' codes for the same inputs in one load and scale eight rows at
+        once, as llama.cpp repacks Q4_K (docs/performance.md, "GGUF weights in their own blocks"). The
+        mapped file's pages it was read from are given back. Other tensors as they are."""
+        kind = INTERLEAVED.get(tensor.type)
+        if kind is None or tensor.rows % 8:
+            return tensor
+        block, size = BLOCK_BYTES[kind]
+        data = np.empty((tensor.rows, tensor.cols // block * size), dtype=np.uint8)
+        if self.functions["blocks_interleave"](tensor.pointer(), tensor.type, tensor.rows, tensor.cols,
+                                               data.ctypes.data) != 0:
+            raise ValueError(f"{TYPE_NAMES[tensor.type]} rows of {tensor.cols} do not interleave")
+        _give_back(tensor.data)
+        return BlockTensor(data, kind, tensor.rows, tensor.cols)
 
     def rows(self, tensor: BlockTensor, ids: Tensor) -> Tensor:
         """Rows ``ids`` (int64) of ``tensor`` in float32 ``[len(ids), cols]``: a step's embeddings."""
@@ -176,6 +199,24 @@ class BlockProduct:
         finally:
             torch.set_num_threads(threads)
         return out
+
+
+def _give_back(data: np.ndarray) -> None:
+    """Drop the pages of a file mapping under ``data`` (a view of an ``np.memmap``) from this process: read
+    again, they come back from the file. Memory of its own (a copy) is left alone: dropped, it would read
+    as zeros."""
+    base: object = data
+    while isinstance(base, np.ndarray) and not isinstance(base.base, mmap.mmap):  # views of views
+        base = base.base
+    if not isinstance(base, np.memmap) or not isinstance(base.base, mmap.mmap):
+        return
+    mapping = base.base
+    start_address = base.ctypes.data - base.offset % mmap.ALLOCATIONGRANULARITY
+    offset = data.ctypes.data - start_address
+    first = -(-offset // mmap.PAGESIZE) * mmap.PAGESIZE
+    last = (offset + data.nbytes) // mmap.PAGESIZE * mmap.PAGESIZE
+    if last > first:
+        mapping.madvise(mmap.MADV_DONTNEED, first, last - first)
 
 
 def load(directory: Path) -> Blocks | None:

@@ -510,14 +510,18 @@ INLINE __m256i nibbles32(const uint8_t *q) {
     return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(packed, 4), packed), _mm256_set1_epi8(0x0F));
 }
 
-/* sum of signed bytes w * a, as 8 int32 (the sign moved onto a: maddubs takes unsigned by signed) */
-INLINE __m256i dot_signed(__m256i w, __m256i a) {
-    __m256i products = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(a, w));
-    return _mm256_madd_epi16(products, _mm256_set1_epi16(1));
+/* sum of unsigned bytes w times signed bytes a, as 8 int32 */
+INLINE __m256i dot_unsigned(__m256i w, __m256i a) {
+#if BLOCKS_VNNI
+    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), w, a);
+#else
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(w, a), _mm256_set1_epi16(1));
+#endif
 }
 
-INLINE __m256i dot_unsigned(__m256i w, __m256i a) {
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(w, a), _mm256_set1_epi16(1));
+/* sum of signed bytes w * a, as 8 int32 (the sign moved onto a: the byte products take unsigned by signed) */
+INLINE __m256i dot_signed(__m256i w, __m256i a) {
+    return dot_unsigned(_mm256_sign_epi8(w, w), _mm256_sign_epi8(a, w));
 }
 
 #define DEFINE_Q8_FAMILY(NAME, BLOCK, CODES, DOT, MIN)                                                  \

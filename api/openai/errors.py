@@ -4,7 +4,7 @@
 The status and the ``code`` are those of the problem document the LMSP routes would answer
 (docs/protocol.md, "Errors"), so one table documents both; ``type`` is OpenAI's class of the
 status; ``param`` names the request parameter at fault where there is one (``null`` otherwise).
-``api.problems`` calls ``error_response`` for every error of a ``/v1`` path.
+``api.http.problems`` calls ``error_response`` for every error of a ``/v1`` path.
 """
 
 import re
@@ -149,7 +149,7 @@ def converted(value: Any, type_: type[T], param: str) -> T:
 
 
 async def errors_only(response: Response[Any]) -> Response[Any]:
-    """``after_request`` of the ``/v1`` routes (in place of ``api.problems.problems_only``): an error
+    """``after_request`` of the ``/v1`` routes (in place of ``api.http.problems.problems_only``): an error
     a handler answers itself rather than raises becomes an OpenAI error object."""
     status = response.status_code
     if status is None or status < 400 or response.media_type == MEDIA_TYPE:

@@ -1,5 +1,5 @@
 """Webhook endpoints and their deliveries, in Redis (docs/protocol.md, "Webhooks"). No HTTP here:
-the API's sender (``api/webhooks``) takes the deliveries that are due and records each attempt.
+the API's sender (``api/background/webhooks``) takes the deliveries that are due and records each attempt.
 
 An endpoint belongs to a principal: a URL, the event types it subscribes to, and its signing secret,
 stored as it is (it signs every delivery) but shown only when the endpoint is created, never

@@ -10,8 +10,8 @@ import msgspec
 import pytest
 import redis.asyncio as aioredis
 
-from api.app import create_app
-from api.auth import check_exposure
+from api.http.app import create_app
+from api.http.auth import check_exposure
 from lmsp.up import auth_for_up
 from lmsp_core.settings import Settings
 from lmsp_core.store import credentials

@@ -10,7 +10,7 @@ import msgspec
 import pytest
 import redis.asyncio as aioredis
 
-from api.hub import EventHub
+from api.follow.hub import EventHub
 from lmsp_core import wire
 from lmsp_core.store import eventlog, keys
 from lmsp_core.store.tasks import TaskRecord

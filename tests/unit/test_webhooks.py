@@ -14,9 +14,9 @@ import pytest
 import pytest_asyncio
 import redis.asyncio as aioredis
 
-from api.webhooks import signing, targets
-from api.webhooks.consumer import FinishedConsumer, TaskEnd, task_end, task_events
-from api.webhooks.sender import Sender
+from api.background.webhooks import signing, targets
+from api.background.webhooks.consumer import FinishedConsumer, TaskEnd, task_end, task_events
+from api.background.webhooks.sender import Sender
 from lmsp_core import wire
 from lmsp_core.settings import Settings
 from lmsp_core.store import keys, webhooks

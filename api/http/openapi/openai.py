@@ -8,7 +8,7 @@ import msgspec
 from litestar.openapi.datastructures import ResponseSpec
 from litestar.openapi.spec import Example, Operation
 
-from api.follow.openaistreams import DONE, data_frame, event_frames
+from api.follow.framing import DONE, data_frame, event_frames
 from api.http.openapi import document as doc
 from api.http.openapi import eventstreams as streamdoc
 from api.openai import batches as ob

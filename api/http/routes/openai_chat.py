@@ -6,8 +6,8 @@ from typing import Annotated, Any
 from litestar import Controller, Request, Response, get, post
 from litestar.params import Body
 
-from api.follow import direct, sse
-from api.follow.openaistreams import chat_chunks
+from api.follow import streams
+from api.follow.framing import ChatFrames
 from api.http.openapi import openai as docs
 from api.openai import PREFIX
 from api.openai import requests as rq
@@ -18,12 +18,12 @@ from api.openai.translation import CHAT_PARAMS, chat_request
 from api.process import Services
 from api.submission import idempotency
 from api.submission.idempotency import REPLAYED, IdempotencyKey
-from api.submission.submit import submit
 from lmsp_core import wire
-from lmsp_core.store import credentials, eventlog
-from lmsp_core.wire.errors import GenerationFailed, Gone, LmspError
+from lmsp_core.store import credentials
+from lmsp_core.wire.errors import GenerationFailed, LmspError
 
 ENDPOINT = "openai.chat"  # Idempotency-Key fingerprints: never shared with another route
+_EXPIRED = "The events of this completion have expired; repeat it without stream to get it."
 
 _STREAMED = docs.with_event_stream("`chat.completion.chunk` objects as `data:` lines, then `data: [DONE]`",
                                    docs.CHAT_EVENTS, docs.CHAT_STREAM)
@@ -48,27 +48,17 @@ class OpenAIChatController(Controller):
         key = idempotency.parse_key(idempotency_key)
         try:
             lmsp = chat_request(data, services.catalog.get(data.model))
-            slot = await services.limits.open_stream(owner) if data.stream else None
-            try:
-                record, repeated = await submit(services, lmsp, kind="direct", owner=owner, idempotency_key=key,
-                                                endpoint=ENDPOINT)
-                if slot is not None and repeated and record.final and not await eventlog.history_exists(
-                        services.redis, record.id):
-                    raise Gone("The events of this completion have expired; repeat it without stream to get it.")
-            except BaseException:
-                if slot is not None:
-                    await slot.release()
-                raise
+            record, repeated, slot = await streams.open(services, lmsp, kind="direct", owner=owner,
+                                                        stream=bool(data.stream), expired=_EXPIRED,
+                                                        idempotency_key=key, endpoint=ENDPOINT)
         except LmspError as exc:
             raise with_param(exc, CHAT_PARAMS) from None
         headers = REPLAYED if repeated else {}
         if slot is not None:
             usage = bool(data.stream_options and data.stream_options.include_usage)
-            return sse.response(slot.wrap(chat_chunks(services, record, include_usage=usage, cancel=key is None)),
-                                headers)
-        if not await direct.final_or_disconnect(services, record, request.receive):
-            if key is None:
-                await direct.cancel(services, record)
+            return streams.stream(services, slot, record, ChatFrames(record, usage), cancel=key is None,
+                                  headers=headers)
+        if not await streams.final_or_disconnect(services, record, request.receive, cancel=key is None):
             return Response(content=b"", status_code=499)
         final = await services.store.get(record.id)
         if final is None:

@@ -15,8 +15,8 @@ from typing import Annotated, Any
 from litestar import Controller, Request, Response, delete, get, post
 from litestar.params import Body, Parameter
 
-from api.follow import direct, sse
-from api.follow.openaistreams import response_events
+from api.follow import streams
+from api.follow.framing import ResponseFrames
 from api.http.openapi import openai as docs
 from api.openai import PREFIX
 from api.openai import requests as rq
@@ -30,9 +30,8 @@ from api.process import Services
 from api.storedresponses import delete_stored
 from api.submission import idempotency
 from api.submission.idempotency import REPLAYED, IdempotencyKey
-from api.submission.submit import submit
 from lmsp_core import wire
-from lmsp_core.store import credentials, eventlog
+from lmsp_core.store import credentials
 from lmsp_core.store.conversations import StoredResponse
 from lmsp_core.store.credentials import Identity
 from lmsp_core.store.tasks import CancelOutcome, Kind, TaskRecord
@@ -41,6 +40,8 @@ from lmsp_core.wire.errors import Forbidden, GenerationFailed, Gone, InvalidRequ
 
 CANCEL_WAIT = 3.0  # as POST /lmsp/v1/tasks/{id}/cancel
 ENDPOINT = "openai.responses"  # Idempotency-Key fingerprints: never shared with another route
+# a streaming repeat replays the task's events from the start: they must still exist
+_EXPIRED = "The events of this response have expired; repeat the request without stream to get it."
 
 _STREAMED = docs.with_event_stream(
     "OpenAI's Responses stream events; `sequence_number` is the cursor of `starting_after`", docs.RESPONSE_EVENTS,
@@ -72,28 +73,19 @@ class OpenAIResponsesController(Controller):
                 raise Forbidden("A background response is a task: it needs the 'tasks:write' scope too.",
                                 scope=credentials.TASKS_WRITE)
             kind: Kind = "task" if data.background else "direct"
-            slot = await services.limits.open_stream(identity.principal) if data.stream else None
-            try:
-                record, repeated = await submit(services, lmsp, kind=kind, owner=identity.principal,
-                                                idempotency_key=key, endpoint=f"{ENDPOINT}.{kind}")
-                if slot is not None and repeated:
-                    await _check_history(services, record)
-            except BaseException:
-                if slot is not None:
-                    await slot.release()
-                raise
+            record, repeated, slot = await streams.open(services, lmsp, kind=kind, owner=identity.principal,
+                                                        stream=bool(data.stream), expired=_EXPIRED,
+                                                        idempotency_key=key, endpoint=f"{ENDPOINT}.{kind}")
         except LmspError as exc:
             raise with_param(exc, RESPONSES_PARAMS) from None
         headers = REPLAYED if repeated else {}
         view = ResponseView(record)
         if slot is not None:
-            events = response_events(services, view, cancel=kind == "direct" and key is None)
-            return sse.response(slot.wrap(events), headers)
+            return streams.stream(services, slot, record, ResponseFrames(view),
+                                  cancel=kind == "direct" and key is None, headers=headers)
         if kind == "task":
             return _json(response_object(view), headers)
-        if not await direct.final_or_disconnect(services, record, request.receive):
-            if key is None:
-                await direct.cancel(services, record)
+        if not await streams.final_or_disconnect(services, record, request.receive, cancel=key is None):
             return Response(content=b"", status_code=499)
         return _json(_final(view, await services.store.get(record.id)), headers)
 
@@ -127,11 +119,13 @@ class OpenAIResponsesController(Controller):
             if record is None:  # the task's record expired before the stored response
                 return _json(response_object(_view(stored), stored=stored.as_response()))
             return _json(response_object(ResponseView(record)))
-        if record is None or (record.final and not await eventlog.history_exists(services.redis, record.id)):
-            raise Gone(f"The events of response {response_id} have expired; retrieve it without stream.")
+        expired = f"The events of response {response_id} have expired; retrieve it without stream."
+        if record is None:
+            raise Gone(expired)
+        await streams.check_history(services, record, expired)
         slot = await services.limits.open_stream(owner)
         after = -1 if starting_after is None else starting_after
-        return sse.response(slot.wrap(response_events(services, ResponseView(record), after)))
+        return streams.stream(services, slot, record, ResponseFrames(ResponseView(record), after))
 
     @post("/{response_id:str}/cancel", status_code=200, summary="Cancel a response (OpenAI)",
           opt={"scope": credentials.TASKS_WRITE}, after_request=errors_only,
@@ -149,7 +143,7 @@ class OpenAIResponsesController(Controller):
                                  "client disconnects.", code="not_cancellable")
         if await services.store.cancel(record) is CancelOutcome.STOPPING:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(_until_final(services, record), CANCEL_WAIT)
+                await asyncio.wait_for(streams.until_final(services, record), CANCEL_WAIT)
         return _json(response_object(ResponseView(await services.store.get(record.id) or record)))
 
     @delete("/{response_id:str}", status_code=200, summary="Delete a response (OpenAI)",
@@ -219,14 +213,3 @@ def _view(stored: StoredResponse) -> ResponseView:
     return ResponseView(TaskRecord(id=stored.task_id, model=stored.model, owner=stored.owner, kind="direct",
                                    status="completed", created_at=stored.created_at, response_id=stored.response_id,
                                    request=wire.encoder.encode(request)))
-
-
-async def _check_history(services: Services, record: TaskRecord) -> None:
-    """A streaming repeat replays the task's events from the start: they must still exist."""
-    if record.final and not await eventlog.history_exists(services.redis, record.id):
-        raise Gone("The events of this response have expired; repeat the request without stream to get it.")
-
-
-async def _until_final(services: Services, record: TaskRecord) -> None:
-    async for _ in services.hub.follow(record, record.last_event_id):
-        pass

@@ -7,15 +7,14 @@ the final event, the task is cancelled and its worker stops generating (6.3 SHOU
 connection and a repeat waits for (or relays) the same task.
 """
 
-from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
 from litestar import Controller, Request, Response, delete, get, post
 from litestar.openapi.datastructures import ResponseSpec
 from litestar.params import Body
 
-from api.follow import direct, sse
-from api.follow.sse import relay
+from api.follow import streams
+from api.follow.framing import TaskFrames
 from api.http.ignoredextensions import ignored_extensions
 from api.http.openapi import document as doc
 from api.http.problems import problem_response
@@ -23,12 +22,14 @@ from api.process import Services
 from api.storedresponses import delete_stored
 from api.submission import idempotency
 from api.submission.idempotency import REPLAYED, IdempotencyKey
-from api.submission.submit import submit
 from lmsp_core import wire
-from lmsp_core.store import credentials, eventlog
+from lmsp_core.store import credentials
 from lmsp_core.store.tasks import TaskRecord
 from lmsp_core.wire import ids
-from lmsp_core.wire.errors import GenerationFailed, Gone, NotFound
+from lmsp_core.wire.errors import GenerationFailed, NotFound
+
+# a streaming repeat replays the task's events from the start: they must still exist
+_EXPIRED = "The events of this response have expired; repeat the request with stream: false to get the response."
 
 
 class ResponsesController(Controller):
@@ -56,22 +57,13 @@ class ResponsesController(Controller):
                               data: Annotated[wire.ResponseRequest, Body(examples=doc.REQUEST_EXAMPLES)],
                               services: Services, owner: str, idempotency_key: IdempotencyKey = None) -> Response[Any]:
         key = idempotency.parse_key(idempotency_key)
-        # a stream's slot is taken first, so that a refused stream leaves no task behind
-        slot = await services.limits.open_stream(owner) if data.stream else None
-        try:
-            record, repeated = await submit(services, data, kind="direct", owner=owner, idempotency_key=key)
-            if slot is not None and repeated:
-                await _check_history(services, record)
-        except BaseException:
-            if slot is not None:
-                await slot.release()
-            raise
+        record, repeated, slot = await streams.open(services, data, kind="direct", owner=owner, stream=data.stream,
+                                                    expired=_EXPIRED, idempotency_key=key)
         headers = {**(REPLAYED if repeated else {}), **ignored_extensions(services, data)}
         if slot is not None:
-            return sse.response(slot.wrap(_direct_stream(services, record, cancel=key is None)), headers)
-        if not await direct.final_or_disconnect(services, record, request.receive):
-            if key is None:
-                await direct.cancel(services, record)
+            return streams.stream(services, slot, record, TaskFrames(services, record), cancel=key is None,
+                                  headers=headers)
+        if not await streams.final_or_disconnect(services, record, request.receive, cancel=key is None):
             return Response(content=b"", status_code=499)
         return await _final_answer(services, record, headers)
 
@@ -100,25 +92,6 @@ class ResponsesController(Controller):
                                       *doc.GUARDED)})
     async def delete_response(self, response_id: str, services: Services, owner: str) -> wire.DeletedResponse:
         return await delete_stored(services, response_id, owner)
-
-
-async def _check_history(services: Services, record: TaskRecord) -> None:
-    """A streaming repeat replays the task's events from the start: they must still exist."""
-    if record.final and not await eventlog.history_exists(services.redis, record.id):
-        raise Gone("The events of this response have expired; repeat the request with stream: false to get "
-                   "the response.")
-
-
-async def _direct_stream(services: Services, record: TaskRecord, *,
-                         cancel: bool) -> AsyncIterator[bytes]:
-    ended = False
-    try:
-        async for message in relay(services, record, 0):
-            yield message
-        ended = True
-    finally:
-        if cancel and not ended:  # the client went away
-            await direct.cancel(services, record)
 
 
 async def _final_answer(services: Services, record: TaskRecord, headers: dict[str, str]) -> Response[Any]:

@@ -15,8 +15,7 @@ from litestar.openapi.spec import Example
 from litestar.params import Body, HeaderParameter, Parameter
 from litestar.response import Stream
 
-from api.follow import sse
-from api.follow.sse import relay
+from api.follow import framing, streams
 from api.http.ignoredextensions import ignored_extensions
 from api.http.openapi import document as doc
 from api.process import Services
@@ -27,7 +26,7 @@ from lmsp_core import wire
 from lmsp_core.store import connections, credentials, eventlog, keys
 from lmsp_core.store.tasks import CancelOutcome, ListCursor, TaskRecord
 from lmsp_core.wire import ids
-from lmsp_core.wire.errors import Gone, InvalidRequest, NotFound
+from lmsp_core.wire.errors import InvalidRequest, NotFound
 
 CANCEL_WAIT = 3.0  # how long cancel waits for a running task to stop before answering
 MAX_PAGE = 100
@@ -114,14 +113,12 @@ class TasksController(Controller):
         record = await load_task(services, task_id, owner)
         if record.final:
             if cursor >= record.last_event_id:
-                return sse.response(_nothing())
-            if not await eventlog.history_exists(services.redis, record.id):
-                raise Gone(f"The events of task {record.id} have expired; GET /lmsp/v1/tasks/{record.id} still "
-                           "returns its result.")
-        notices = sse.QUEUE_EVENTS if queue_events else sse.QUEUE_COMMENTS
-        events = relay(services, record, cursor, queue_notices=notices)
+                return framing.response(_nothing())
+            await streams.check_history(services, record, f"The events of task {record.id} have expired; "
+                                        f"GET /lmsp/v1/tasks/{record.id} still returns its result.")
+        notices = framing.QUEUE_EVENTS if queue_events else framing.QUEUE_COMMENTS
         slot = await services.limits.open_stream(owner)
-        return sse.response(slot.wrap(events))
+        return streams.stream(services, slot, record, framing.TaskFrames(services, record, notices), after=cursor)
 
     @post("/{task_id:str}/cancel", status_code=200, summary="Cancel a task", opt={"scope": credentials.TASKS_WRITE},
           description="A queued task never runs; a running one stops within a few tokens (the call waits up to "
@@ -134,7 +131,7 @@ class TasksController(Controller):
         await connections.replicated(services.redis, services.replicas, keys.task(record.id))
         if status is CancelOutcome.STOPPING:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(_until_final(services, record), CANCEL_WAIT)
+                await asyncio.wait_for(streams.until_final(services, record), CANCEL_WAIT)
         return (await load_task(services, task_id, owner)).to_wire()
 
 
@@ -158,11 +155,6 @@ async def load_task(services: Services, task_id: str, owner: str) -> TaskRecord:
     if record is None or record.owner != owner or record.kind != "task":
         raise NotFound(f"Task {task_id!r} does not exist.", code="task_not_found")
     return record
-
-
-async def _until_final(services: Services, record: TaskRecord) -> None:
-    async for _ in services.hub.follow(record, record.last_event_id):
-        pass
 
 
 async def _nothing() -> AsyncIterator[bytes]:

@@ -26,6 +26,7 @@ from collections.abc import Awaitable, Callable
 import msgspec
 from redis.exceptions import RedisError
 
+from api.background.outage import Outage, poll
 from api.openai import batches as lines
 from api.process import Services
 from api.submission.submit import submit
@@ -54,20 +55,14 @@ class BatchDriver:
         self.emit = emit
 
     async def run(self) -> None:
-        failing = False
-        while True:
-            try:
-                due = await self.store.due(TAKE, HOLD)
-                for batch_id in due:
-                    await self._look_safely(batch_id)
-            except (RedisError, OSError) as exc:
-                if not failing:
-                    logger.warning("batch driver: Redis unavailable (%s); retrying", type(exc).__name__)
-                failing, due = True, []
-            else:
-                failing = False
-            if not due:
-                await asyncio.sleep(IDLE_POLL)
+        await poll(self._take, self._look_all, idle=IDLE_POLL, outage=Outage("batch driver", logger))
+
+    async def _take(self) -> list[str]:
+        return await self.store.due(TAKE, HOLD)
+
+    async def _look_all(self, due: list[str]) -> None:
+        for batch_id in due:
+            await self._look_safely(batch_id)
 
     async def _look_safely(self, batch_id: str) -> None:
         try:

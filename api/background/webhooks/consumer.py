@@ -16,6 +16,7 @@ from typing import NamedTuple
 from redis.asyncio import Redis
 from redis.exceptions import RedisError, ResponseError
 
+from api.background.outage import Outage
 from lmsp_core import wire
 from lmsp_core.store import keys, webhooks
 from lmsp_core.wire import ids
@@ -87,7 +88,7 @@ class FinishedConsumer:
         self._forgot_at = time.monotonic()
 
     async def run(self) -> None:
-        failing = False
+        outage = Outage("webhook consumer", logger)
         joined = False
         while True:
             try:
@@ -101,12 +102,10 @@ class FinishedConsumer:
                     logger.warning("webhook consumer: %s", exc)
                     await asyncio.sleep(1)
             except (RedisError, OSError) as exc:
-                if not failing:
-                    logger.warning("webhook consumer: Redis unavailable (%s); retrying", type(exc).__name__)
-                failing = True
+                outage.failed(exc)
                 await asyncio.sleep(1)
             else:
-                failing = False
+                outage.recovered()
 
     async def join(self) -> None:
         """Create the group if there is none, from the stream's start: ends announced before any

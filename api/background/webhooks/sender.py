@@ -20,6 +20,7 @@ import httpx
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
+from api.background.outage import Outage, poll
 from api.background.webhooks import signing, targets
 from lmsp_core.settings import Settings
 from lmsp_core.store import webhooks
@@ -49,23 +50,17 @@ class Sender:
         self._sending: set[asyncio.Task[None]] = set()
 
     async def run(self) -> None:
-        failing = False
-        while True:
-            free = IN_FLIGHT - len(self._sending)
-            try:
-                due = await webhooks.take_due(self.redis, free, self.hold) if free > 0 else []
-            except (RedisError, OSError) as exc:
-                if not failing:
-                    logger.warning("webhook sender: Redis unavailable (%s); retrying", type(exc).__name__)
-                failing, due = True, []
-            else:
-                failing = False
-            for delivery_id in due:
-                task = asyncio.create_task(self.send(delivery_id), name=f"webhook-{delivery_id}")
-                self._sending.add(task)
-                task.add_done_callback(self._sending.discard)
-            if not due:
-                await asyncio.sleep(IDLE_POLL)
+        await poll(self._take, self._start, idle=IDLE_POLL, outage=Outage("webhook sender", logger))
+
+    async def _take(self) -> list[str]:
+        free = IN_FLIGHT - len(self._sending)
+        return await webhooks.take_due(self.redis, free, self.hold) if free > 0 else []
+
+    async def _start(self, due: list[str]) -> None:
+        for delivery_id in due:
+            task = asyncio.create_task(self.send(delivery_id), name=f"webhook-{delivery_id}")
+            self._sending.add(task)
+            task.add_done_callback(self._sending.discard)
 
     async def close(self) -> None:
         for task in list(self._sending):

@@ -39,11 +39,12 @@ class Services:
     def create(cls, settings: Settings) -> "Services":
         redis = connections.connect(settings, health_check_interval=30)
         catalog = Catalog.from_settings(settings)
+        replicas = connections.ReplicaWatch(settings)
         return cls(settings=settings, catalog=catalog, redis=redis,
-                   tokenizers=Tokenizers(catalog, Path(settings.model_cache)), store=TaskStore(redis, settings),
-                   hub=EventHub(redis, settings.sse_heartbeat), limits=Limits(redis, settings),
-                   conversations=ConversationStore(redis, settings), replicas=connections.ReplicaWatch(settings),
-                   files=FileStore(redis, settings))
+                   tokenizers=Tokenizers(catalog, Path(settings.model_cache)),
+                   store=TaskStore(redis, settings, replicas), hub=EventHub(redis, settings.sse_heartbeat),
+                   limits=Limits(redis, settings), conversations=ConversationStore(redis, settings),
+                   replicas=replicas, files=FileStore(redis, settings, replicas))
 
     async def model_text(self, model_id: str) -> ModelText | None:
         """The model's prompt renderer and grammar tokenizer (``api.submission.modeltext``)."""

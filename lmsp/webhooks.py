@@ -42,6 +42,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def _run(args: argparse.Namespace, settings: Settings) -> int:
+    from lmsp_core.requests import webhooks as checks
     from lmsp_core.store import connections, keys, webhooks
     from lmsp_core.store.credentials import check_principal
 
@@ -50,8 +51,9 @@ async def _run(args: argparse.Namespace, settings: Settings) -> int:
     redis = connections.connect(settings)
     try:
         if args.action == "create":
-            events = [event.strip() for event in args.events.split(",") if event.strip()]
-            record = await webhooks.create_endpoint(redis, args.principal, args.url, events)
+            url = checks.check_url(args.url)
+            events = checks.check_events([event.strip() for event in args.events.split(",") if event.strip()])
+            record = await webhooks.create_endpoint(redis, args.principal, url, events)
             await warn_unless_replicated(redis, settings, "webhook", keys.all_webhooks())
             print(record.secret)
             print(f"created {record.id} for principal {record.owner}; the secret is shown only now",

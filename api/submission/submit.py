@@ -21,7 +21,7 @@ from lmsp_core.requests import extensions, grammars
 from lmsp_core.requests.catalog import ModelSpec
 from lmsp_core.requests.closing import GrammarTokenizer, output_tokens_needed, reasoning_closing_ids
 from lmsp_core.requests.validation import check_limits, check_output_room, check_request, output_budget
-from lmsp_core.store import connections, conversations, fairqueue, keys, metrics, principals, queue, registry
+from lmsp_core.store import conversations, fairqueue, metrics, principals, queue, registry
 from lmsp_core.store.conversations import StoredResponse
 from lmsp_core.store.eventstore import pack_tokens
 from lmsp_core.store.tasks import Kind, TaskRecord
@@ -79,7 +79,7 @@ async def submit(services: Services, request: wire.ResponseRequest, *, kind: Kin
         if not await queue.enqueue(services.redis, record.id, spec.id, place, fair=fair):
             raise _over_quota(record, fair)
         # acknowledged once a replica holds it too (or the wait timed out): a failover then keeps it
-        await connections.replicated(services.redis, services.replicas, keys.task(record.id))
+        await services.store.replicated(record.id)
     except (RedisError, TooManyRequests):
         await _forget(services, record)
         if idempotency_key:

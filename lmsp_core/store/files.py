@@ -27,6 +27,7 @@ from redis.exceptions import WatchError
 
 from lmsp_core.settings import Settings
 from lmsp_core.store import keys
+from lmsp_core.store.connections import ReplicaWatch, replicated
 from lmsp_core.wire import ids
 from lmsp_core.wire.errors import NotFound
 
@@ -55,9 +56,18 @@ def _record(raw: dict[bytes, bytes]) -> FileRecord:
 
 
 class FileStore:
-    def __init__(self, redis: Redis, settings: Settings) -> None:
+    def __init__(self, redis: Redis, settings: Settings, replicas: ReplicaWatch | None = None) -> None:
         self.redis = redis
         self.ttl_ms = int(settings.file_retention * 1000)
+        self.replicas = replicas
+
+    async def upload(self, owner: str, purpose: str, filename: str, data: bytes, *, lines: int) -> FileRecord:
+        """Store a client's upload; with the store's ``replicas``, return once they hold it too (or
+        the wait timed out), so that a failover keeps what the client is told."""
+        record = await self.create(owner, purpose, filename, data, lines=lines)
+        if self.replicas is not None:
+            await replicated(self.redis, self.replicas, keys.file(record.id))
+        return record
 
     async def create(self, owner: str, purpose: str, filename: str, data: bytes, *, lines: int,
                      file_id: str | None = None) -> FileRecord:

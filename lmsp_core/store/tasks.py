@@ -18,7 +18,8 @@ from redis.asyncio import Redis
 
 from lmsp_core import wire
 from lmsp_core.settings import Settings
-from lmsp_core.store import cluster, eventlog, finished, keys, metrics, queue, scripts
+from lmsp_core.store import cluster, connections, eventlog, finished, keys, metrics, queue, scripts
+from lmsp_core.store.connections import ReplicaWatch
 from lmsp_core.store.eventstore import unpack_tokens
 from lmsp_core.store.fairqueue import FairQueue
 from lmsp_core.store.taskindex import ActiveIndex
@@ -172,9 +173,13 @@ class CancelOutcome(enum.StrEnum):
 
 
 class TaskStore:
-    def __init__(self, redis: Redis, settings: Settings) -> None:
+    """Tasks' records, claims and cancels. With ``replicas`` (the API's), the writes a client is
+    answered for (``replicated``, ``cancel(..., replicated=True)``) wait for the replicas."""
+
+    def __init__(self, redis: Redis, settings: Settings, replicas: ReplicaWatch | None = None) -> None:
         self.redis = redis
         self.settings = settings
+        self.replicas = replicas
         self._claim = redis.register_script(scripts.CLAIM)
         self._cancel = redis.register_script(scripts.CANCEL)
         self._renew = redis.register_script(scripts.RENEW)
@@ -257,8 +262,22 @@ class TaskStore:
         raw = await self.redis.hgetall(keys.task(task_id))  # type: ignore[misc]
         return _record(raw) if raw else None
 
-    async def cancel(self, record: TaskRecord) -> CancelOutcome:
-        """Cancel a task (``scripts.CANCEL``): a queued one at once, a running one by its worker."""
+    async def replicated(self, task_id: str) -> bool:
+        """Wait until the replicas hold every write made so far to the task's shard (at most the WAIT
+        timeout), so that a failover keeps what the client is told; False: they did not confirm."""
+        if self.replicas is None:
+            return False
+        return await connections.replicated(self.redis, self.replicas, keys.task(task_id))
+
+    async def cancel(self, record: TaskRecord, *, replicated: bool = False) -> CancelOutcome:
+        """Cancel a task (``scripts.CANCEL``): a queued one at once, a running one by its worker.
+        With ``replicated``, return once the replicas hold the cancel too (``replicated``)."""
+        outcome = await self._cancel_task(record)
+        if replicated:
+            await self.replicated(record.id)
+        return outcome
+
+    async def _cancel_task(self, record: TaskRecord) -> CancelOutcome:
         _, data = eventlog.pack(wire.CANCELLED, wire.encoder.encode(
             wire.ResponseCancelled(response_id=record.response_id, status="cancelled")), record.response_id)
         response = wire.encoder.encode(cancelled_response(record))

@@ -13,11 +13,8 @@ time) for its next attempt. Deliveries are kept ``RETENTION`` after their last a
 """
 
 import base64
-import re
 import secrets
 import time
-import unicodedata
-import urllib.parse
 from collections.abc import Mapping
 
 import msgspec
@@ -25,12 +22,11 @@ from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
 
 from lmsp_core.store import keys, scripts
+from lmsp_core.store.connections import ReplicaWatch, replicated
 from lmsp_core.wire import ids
 from lmsp_core.wire.errors import InvalidRequest, LimitExceeded
 from lmsp_core.wire.webhooks import (
     DELIVERY_ID,
-    EVENT_TYPES,
-    MAX_URL_LENGTH,
     SECRET_PREFIX,
     TEST_EVENT,
     WEBHOOK_ID,
@@ -137,49 +133,17 @@ def _delivery(raw: Mapping[bytes, bytes]) -> DeliveryRecord:
 # --- endpoints -------------------------------------------------------------------------------------
 
 
-def check_url(url: str) -> str:
-    """``url`` if it is an absolute http(s) URL this service can send to (its address is checked
-    when it is resolved, by the API); ``400 invalid_webhook_url`` otherwise."""
-    def refuse(why: str) -> InvalidRequest:
-        return InvalidRequest(f"The webhook URL {url[:200]!r} {why}.", code="invalid_webhook_url")
-
-    if len(url) > MAX_URL_LENGTH or any(unicodedata.category(char)[0] in "CZ" for char in url):
-        raise refuse(f"is longer than {MAX_URL_LENGTH} characters or holds spaces or control characters")
-    try:
-        parts = urllib.parse.urlsplit(url)
-        port = parts.port
-    except ValueError:
-        raise refuse("is not a URL") from None
-    if parts.scheme not in ("http", "https"):
-        raise refuse("is not an http or https URL")
-    if not parts.hostname or not re.fullmatch(r"[A-Za-z0-9.:_\-\[\]]+", parts.netloc.rpartition("@")[2]):
-        raise refuse("has no host (or one that is not a DNS name or an IP address)")
-    if parts.username is not None or parts.password is not None:
-        raise refuse("carries credentials; put them in the path or query instead")
-    if parts.fragment or url.endswith("#"):
-        raise refuse("has a fragment, which is never sent")
-    if port == 0:
-        raise refuse("names port 0")
-    return url
-
-
-def check_events(events: list[str]) -> list[str]:
-    """The event types, each known (``400 unknown_event_type``), without repeats, in their order."""
-    for event_type in events:
-        if event_type not in EVENT_TYPES:
-            raise InvalidRequest(f"Unknown event type {event_type[:100]!r}; the types are {', '.join(EVENT_TYPES)}.",
-                                 code="unknown_event_type")
-    return list(dict.fromkeys(events))
-
-
 def new_secret() -> str:
     return SECRET_PREFIX + base64.b64encode(secrets.token_bytes(SECRET_BYTES)).decode()
 
 
-async def create_endpoint(redis: Redis, owner: str, url: str, events: list[str]) -> EndpointRecord:
-    """A new endpoint of ``owner``; its record carries the secret, to be shown once."""
-    record = EndpointRecord(id=ids.new_id(WEBHOOK_ID), owner=owner, url=check_url(url), events=check_events(events),
-                            secret=new_secret(), created_at=time.time())
+async def create_endpoint(redis: Redis, owner: str, url: str, events: list[str], *,
+                          replicas: ReplicaWatch | None = None) -> EndpointRecord:
+    """A new endpoint of ``owner`` for a URL and event types that ``lmsp_core.requests.webhooks``
+    checked; its record carries the secret, to be shown once. With ``replicas``, it returns once
+    the replicas hold it too (or the wait timed out)."""
+    record = EndpointRecord(id=ids.new_id(WEBHOOK_ID), owner=owner, url=url, events=events, secret=new_secret(),
+                            created_at=time.time())
     if await redis.zcard(keys.owner_webhooks(owner)) >= MAX_ENDPOINTS:
         raise LimitExceeded(f"Principal {owner!r} already has {MAX_ENDPOINTS} webhook endpoints; delete one first.",
                             code="too_many_webhooks")
@@ -189,6 +153,8 @@ async def create_endpoint(redis: Redis, owner: str, url: str, events: list[str])
         pipe.zadd(keys.owner_webhooks(owner), {record.id: created_ms})
         pipe.zadd(keys.all_webhooks(), {record.id: created_ms})
         await pipe.execute()
+    if replicas is not None:
+        await replicated(redis, replicas, keys.all_webhooks())
     return record
 
 
@@ -211,8 +177,10 @@ async def list_endpoints(redis: Redis, owner: str | None = None) -> list[Endpoin
     return [msgspec.json.decode(raw, type=EndpointRecord) for raw in raws if raw is not None]
 
 
-async def delete_endpoint(redis: Redis, endpoint_id: str, owner: str | None = None) -> bool:
-    """Delete an endpoint and its deliveries (pending ones are never sent); False if there is none."""
+async def delete_endpoint(redis: Redis, endpoint_id: str, owner: str | None = None, *,
+                          replicas: ReplicaWatch | None = None) -> bool:
+    """Delete an endpoint and its deliveries (pending ones are never sent); False if there is none.
+    With ``replicas``, it returns once the replicas hold the deletion too (or the wait timed out)."""
     record = await get_endpoint(redis, endpoint_id, owner)
     if record is None:
         return False
@@ -223,6 +191,8 @@ async def delete_endpoint(redis: Redis, endpoint_id: str, owner: str | None = No
         pipe.zrem(keys.all_webhooks(), record.id)
         _forget(pipe, listed)
         await pipe.execute()
+    if replicas is not None:
+        await replicated(redis, replicas, keys.all_webhooks())
     return True
 
 

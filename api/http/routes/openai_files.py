@@ -24,7 +24,7 @@ from api.openai import files as of
 from api.openai.errors import errors_only, unsupported
 from api.process import Services
 from lmsp_core.settings import Settings
-from lmsp_core.store import connections, credentials, keys
+from lmsp_core.store import credentials
 from lmsp_core.store.files import FileRecord, Order
 from lmsp_core.wire import ids
 from lmsp_core.wire.errors import NotFound
@@ -76,9 +76,8 @@ class OpenAIFilesController(Controller):
         if len(content) > services.settings.max_file_bytes:
             raise of.too_large(services.settings.max_file_bytes)
         lines = of.batch_lines(content, services.settings.max_batch_lines)
-        record = await services.files.create(owner, data.purpose, data.file.filename or "upload.jsonl", content,
+        record = await services.files.upload(owner, data.purpose, data.file.filename or "upload.jsonl", content,
                                              lines=lines)
-        await connections.replicated(services.redis, services.replicas, keys.file(record.id))
         return _json(of.file_object(record))
 
     @get(summary="List files (OpenAI)", opt={"scope": credentials.TASKS_READ}, after_request=errors_only,

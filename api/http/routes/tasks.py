@@ -23,7 +23,7 @@ from api.submission import idempotency
 from api.submission.idempotency import REPLAYED, IdempotencyKey
 from api.submission.submit import submit
 from lmsp_core import wire
-from lmsp_core.store import connections, credentials, eventlog, keys
+from lmsp_core.store import credentials, eventlog
 from lmsp_core.store.tasks import CancelOutcome, ListCursor, TaskRecord
 from lmsp_core.wire import ids
 from lmsp_core.wire.errors import InvalidRequest, NotFound
@@ -127,8 +127,7 @@ class TasksController(Controller):
                                                  *doc.GUARDED)})
     async def cancel_task(self, task_id: str, services: Services, owner: str) -> wire.Task:
         record = await load_task(services, task_id, owner)
-        status = await services.store.cancel(record)
-        await connections.replicated(services.redis, services.replicas, keys.task(record.id))
+        status = await services.store.cancel(record, replicated=True)
         if status is CancelOutcome.STOPPING:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(streams.until_final(services, record), CANCEL_WAIT)

@@ -17,7 +17,8 @@ from litestar.params import Body, Parameter
 from api.background.webhooks import targets
 from api.http.openapi import document as doc
 from api.process import Services
-from lmsp_core.store import connections, credentials, keys, webhooks
+from lmsp_core.requests import webhooks as checks
+from lmsp_core.store import credentials, webhooks
 from lmsp_core.store.webhooks import EndpointRecord
 from lmsp_core.wire import ids
 from lmsp_core.wire import webhooks as wire
@@ -66,15 +67,14 @@ class WebhooksController(Controller):
         self, data: Annotated[wire.WebhookCreate, Body(examples=[doc.example("Responses' ends", _CREATE)])],
         services: Services, owner: str,
     ) -> Response[wire.WebhookEndpointWithSecret]:
-        events = webhooks.check_events(data.events)
-        url = webhooks.check_url(data.url)
+        events = checks.check_events(data.events)
+        url = checks.check_url(data.url)
         try:  # as long as an attempt may take, at most
             async with asyncio.timeout(services.settings.webhook_timeout):
                 await targets.resolve(url, services.settings.webhook_allow_private)
         except TimeoutError:
             raise targets.TargetUnresolved("The webhook URL's host does not resolve (in time).") from None
-        record = await webhooks.create_endpoint(services.redis, owner, url, events)
-        await connections.replicated(services.redis, services.replicas, keys.all_webhooks())
+        record = await webhooks.create_endpoint(services.redis, owner, url, events, replicas=services.replicas)
         return Response(record.with_secret(), status_code=201, headers={"Location": f"{self.path}/{record.id}"})
 
     @get(summary="List webhook endpoints", opt=_SCOPE,
@@ -97,9 +97,8 @@ class WebhooksController(Controller):
             description="The endpoint and its deliveries go; a pending delivery is never sent.",
             responses=doc.problems("invalid_request", "webhook_not_found", "service_unavailable", *doc.GUARDED))
     async def delete_webhook(self, webhook_id: str, services: Services, owner: str) -> None:
-        if not await webhooks.delete_endpoint(services.redis, webhook_id, owner):
+        if not await webhooks.delete_endpoint(services.redis, webhook_id, owner, replicas=services.replicas):
             raise _not_found(webhook_id)
-        await connections.replicated(services.redis, services.replicas, keys.all_webhooks())
 
     @get("/{webhook_id:str}/deliveries", summary="List an endpoint's deliveries", opt=_SCOPE,
          description="Its recent deliveries (kept 7 days after their last attempt, the newest 1000), newest first, "

@@ -16,9 +16,9 @@ from api.submission.modeltext import ModelText, Tokenizers
 from lmsp_core.requests.catalog import Catalog
 from lmsp_core.settings import Settings
 from lmsp_core.store import connections
-from lmsp_core.store.conversations import ConversationStore
-from lmsp_core.store.files import FileStore
-from lmsp_core.store.tasks import TaskStore
+from lmsp_core.store.objects.conversations import ConversationStore
+from lmsp_core.store.objects.files import FileStore
+from lmsp_core.store.tasks.records import TaskStore
 
 
 @dataclass

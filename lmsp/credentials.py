@@ -57,7 +57,8 @@ def run_command(command: str, work: Coroutine[Any, Any, int]) -> int:
 
 
 async def _run(args: argparse.Namespace, settings: Settings) -> int:
-    from lmsp_core.store import connections, credentials, keys
+    from lmsp_core.store import connections, keys
+    from lmsp_core.store.tenants import credentials
 
     redis = connections.connect(settings)
     try:

@@ -22,7 +22,7 @@ from lmsp_core.settings import Settings
 from lmsp_core.wire.errors import InvalidRequest
 
 if TYPE_CHECKING:  # the service's packages (extra "api"): imported when the command runs
-    from lmsp_core.store.principals import PrincipalSettings
+    from lmsp_core.store.tenants.principals import PrincipalSettings
 
 FIELDS = ("weight", "max_running", "max_queued")
 
@@ -49,8 +49,9 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def _run(args: argparse.Namespace, settings: Settings) -> int:
-    from lmsp_core.store import connections, keys, principals
-    from lmsp_core.store.credentials import check_principal
+    from lmsp_core.store import connections, keys
+    from lmsp_core.store.tenants import principals
+    from lmsp_core.store.tenants.credentials import check_principal
 
     if args.action != "list":
         check_principal(args.name)
@@ -73,7 +74,7 @@ async def _run(args: argparse.Namespace, settings: Settings) -> int:
 
 def changed(current: "PrincipalSettings", args: argparse.Namespace) -> "PrincipalSettings":
     """``current`` with the fields the command line gives, checked as ``PrincipalSettings`` checks them."""
-    from lmsp_core.store.principals import PrincipalSettings
+    from lmsp_core.store.tenants.principals import PrincipalSettings
 
     given: dict[str, Any] = {field: getattr(args, field) for field in FIELDS if getattr(args, field) is not None}
     if not given:

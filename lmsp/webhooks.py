@@ -43,8 +43,9 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
 
 async def _run(args: argparse.Namespace, settings: Settings) -> int:
     from lmsp_core.requests import webhooks as checks
-    from lmsp_core.store import connections, keys, webhooks
-    from lmsp_core.store.credentials import check_principal
+    from lmsp_core.store import connections, keys
+    from lmsp_core.store.objects import webhooks
+    from lmsp_core.store.tenants.credentials import check_principal
 
     if args.action == "create" or getattr(args, "principal", None):
         check_principal(args.principal)

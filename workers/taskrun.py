@@ -27,10 +27,11 @@ from lmsp_core.requests.chat import PromptRenderer, card_digest
 from lmsp_core.requests.closing import GrammarTokenizer, closing_tokens
 from lmsp_core.requests.validation import check_output_room, check_request, output_budget
 from lmsp_core.settings import Settings
-from lmsp_core.store import eventlog, eventstore, metrics
-from lmsp_core.store.delivered import DeliveredOutput
-from lmsp_core.store.eventstore import Final
-from lmsp_core.store.tasks import TaskRecord
+from lmsp_core.store import metrics
+from lmsp_core.store.tasks import eventlog, eventstore
+from lmsp_core.store.tasks.delivered import DeliveredOutput
+from lmsp_core.store.tasks.eventstore import Final
+from lmsp_core.store.tasks.records import TaskRecord
 from lmsp_core.wire.errors import GenerationFailed, LmspError
 from workers.engine.core import Engine, Finish, Generation
 from workers.engine.sampling import LogitsConstraint, RowSampler, SamplingParams, Scores

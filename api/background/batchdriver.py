@@ -30,9 +30,9 @@ from api.background.outage import Outage, poll
 from api.openai import batches as lines
 from api.process import Services
 from api.submission.submit import submit
-from lmsp_core.store import batches
-from lmsp_core.store.batches import BatchRecord
-from lmsp_core.store.tasks import TaskRecord
+from lmsp_core.store.objects import batches
+from lmsp_core.store.objects.batches import BatchRecord
+from lmsp_core.store.tasks.records import TaskRecord
 from lmsp_core.wire import ids
 from lmsp_core.wire.errors import LmspError, ServiceUnavailable, TooManyRequests
 

@@ -10,7 +10,7 @@ from litestar.types import Receive
 from redis.exceptions import RedisError
 
 from api.process import Services
-from lmsp_core.store.tasks import TaskRecord
+from lmsp_core.store.tasks.records import TaskRecord
 
 
 async def final_or_disconnect(services: Services, record: TaskRecord, receive: Receive) -> bool:

@@ -33,9 +33,9 @@ from api.openai.errors import error_object
 from api.openai.rendering import EventRenderer, ResponseView
 from api.process import Services
 from lmsp_core import wire
-from lmsp_core.store import queue
-from lmsp_core.store.eventlog import Event
-from lmsp_core.store.tasks import TaskRecord
+from lmsp_core.store.tasks import queue
+from lmsp_core.store.tasks.eventlog import Event
+from lmsp_core.store.tasks.records import TaskRecord
 from lmsp_core.wire.errors import ServiceUnavailable
 
 KEEPALIVE = b": keep-alive\n"

@@ -30,9 +30,10 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 from redis.typing import KeyT, StreamIdT
 
-from lmsp_core.store import connections, eventlog, keys
-from lmsp_core.store.eventlog import Event
-from lmsp_core.store.tasks import TaskRecord
+from lmsp_core.store import connections, keys
+from lmsp_core.store.tasks import eventlog
+from lmsp_core.store.tasks.eventlog import Event
+from lmsp_core.store.tasks.records import TaskRecord
 from lmsp_core.wire import ids
 
 logger = logging.getLogger(__name__)

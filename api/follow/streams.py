@@ -27,9 +27,9 @@ from api.limits import StreamSlot
 from api.process import Services
 from api.submission.submit import submit
 from lmsp_core import wire
-from lmsp_core.store import eventlog
-from lmsp_core.store.eventlog import Event
-from lmsp_core.store.tasks import Kind, TaskRecord
+from lmsp_core.store.tasks import eventlog
+from lmsp_core.store.tasks.eventlog import Event
+from lmsp_core.store.tasks.records import Kind, TaskRecord
 from lmsp_core.wire.errors import Gone
 
 

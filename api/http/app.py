@@ -34,7 +34,7 @@ from api.process import Services
 from api.submission.idempotency import HEADER as IDEMPOTENCY_HEADER
 from api.submission.idempotency import REPLAYED_HEADER
 from lmsp_core.settings import Settings, load_settings
-from lmsp_core.store import webhooks
+from lmsp_core.store.objects import webhooks
 
 # what the official OpenAI SDKs send with every request, so that they work from a browser page too
 OPENAI_SDK_HEADERS = ["X-Stainless-Lang", "X-Stainless-Package-Version", "X-Stainless-OS", "X-Stainless-Arch",

@@ -20,8 +20,8 @@ from litestar.routes import HTTPRoute
 
 from api.process import Services
 from lmsp_core.settings import Settings
-from lmsp_core.store import credentials
-from lmsp_core.store.credentials import Identity
+from lmsp_core.store.tenants import credentials
+from lmsp_core.store.tenants.credentials import Identity
 from lmsp_core.wire.errors import Forbidden, Unauthorized
 
 logger = logging.getLogger(__name__)

@@ -6,7 +6,7 @@ from litestar import Request
 from litestar.datastructures import State
 
 from api.process import Services
-from lmsp_core.store.credentials import Identity
+from lmsp_core.store.tenants.credentials import Identity
 
 
 def provide_services(state: State) -> Services:

@@ -18,8 +18,8 @@ from api.openai.errors import FailedGeneration
 from api.openai.translation import tier_of
 from lmsp_core import wire
 from lmsp_core.requests import extensions
-from lmsp_core.store.eventlog import Event
-from lmsp_core.store.tasks import TaskRecord
+from lmsp_core.store.tasks.eventlog import Event
+from lmsp_core.store.tasks.records import TaskRecord
 from lmsp_core.wire.errors import GenerationFailed
 
 ID_PREFIX = "chatcmpl-"

@@ -20,8 +20,8 @@ from api.openai.translation import echo_of, tier_of
 from lmsp_core import wire
 from lmsp_core.requests import extensions
 from lmsp_core.requests.chat import message_text
-from lmsp_core.store.eventlog import Event
-from lmsp_core.store.tasks import TaskRecord
+from lmsp_core.store.tasks.eventlog import Event
+from lmsp_core.store.tasks.records import TaskRecord
 
 FORMAT_TEXT = oa.TextConfig(format=oa.TextFormat())
 

@@ -21,10 +21,13 @@ from lmsp_core.requests import extensions, grammars
 from lmsp_core.requests.catalog import ModelSpec
 from lmsp_core.requests.closing import GrammarTokenizer, output_tokens_needed, reasoning_closing_ids
 from lmsp_core.requests.validation import check_limits, check_output_room, check_request, output_budget
-from lmsp_core.store import conversations, fairqueue, metrics, principals, queue, registry
-from lmsp_core.store.conversations import StoredResponse
-from lmsp_core.store.eventstore import pack_tokens
-from lmsp_core.store.tasks import Kind, TaskRecord
+from lmsp_core.store import metrics, registry
+from lmsp_core.store.objects import conversations
+from lmsp_core.store.objects.conversations import StoredResponse
+from lmsp_core.store.tasks import fairqueue, queue
+from lmsp_core.store.tasks.eventstore import pack_tokens
+from lmsp_core.store.tasks.records import Kind, TaskRecord
+from lmsp_core.store.tenants import principals
 from lmsp_core.wire import ids
 from lmsp_core.wire.errors import ServiceUnavailable, TooManyRequests
 

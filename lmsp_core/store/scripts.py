@@ -13,7 +13,7 @@ of unfinished tasks does (INDEX_ADD, INDEX_TAKE: ``batches.BatchStore``, ``webho
 """
 
 from lmsp_core import wire
-from lmsp_core.store.eventlog import CODES
+from lmsp_core.store.tasks.eventlog import CODES
 
 _NOW_MS = """
 local t = redis.call('TIME')

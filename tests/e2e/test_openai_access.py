@@ -11,7 +11,7 @@ import pytest_asyncio
 from openapi_spec_validator import validate
 
 from api.http.app import OPENAI_SDK_HEADERS
-from lmsp_core.store import credentials
+from lmsp_core.store.tenants import credentials
 from tests.support import OPENAI_ROUTES, SECURE_CORS_ORIGIN, Api, TokenFactory, Worker, bearer
 
 MODEL = "tiny-random"

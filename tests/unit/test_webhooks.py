@@ -20,8 +20,9 @@ from api.background.webhooks.sender import Sender
 from lmsp_core import wire
 from lmsp_core.requests import webhooks as checks
 from lmsp_core.settings import Settings
-from lmsp_core.store import keys, webhooks
-from lmsp_core.store.tasks import TaskRecord, TaskStore
+from lmsp_core.store import keys
+from lmsp_core.store.objects import webhooks
+from lmsp_core.store.tasks.records import TaskRecord, TaskStore
 from lmsp_core.wire import ids
 from lmsp_core.wire.errors import InvalidRequest
 from lmsp_core.wire.webhooks import WebhookAttempt, WebhookEvent

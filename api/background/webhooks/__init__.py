@@ -1,7 +1,7 @@
 """Webhooks, the HTTP side (docs/protocol.md, "Webhooks"): every API process runs a consumer of
 ended tasks (``consumer``), which emits their events, and a sender of due deliveries (``sender``),
 which signs (``signing``) and posts them to checked addresses (``targets``). What is stored, and
-``emit`` itself, are ``lmsp_core.store.webhooks``'s."""
+``emit`` itself, are ``lmsp_core.store.objects.webhooks``'s."""
 
 import asyncio
 import contextlib

@@ -1,6 +1,6 @@
 """The consumer of ended tasks: turns each into its webhook events, in whichever API process reads it.
 
-Every API process reads the stream of ended tasks (``lmsp_core.store.finished``) in one consumer
+Every API process reads the stream of ended tasks (``lmsp_core.store.tasks.finished``) in one consumer
 group, so each entry goes to one of them; it reads the task's record and emits the events its end
 causes (``task_events``), then acknowledges the entry. An entry that a process took and never
 acknowledged (it died, or Redis failed mid-way) is claimed by another after ``CLAIM_IDLE``
@@ -18,7 +18,8 @@ from redis.exceptions import RedisError, ResponseError
 
 from api.background.outage import Outage
 from lmsp_core import wire
-from lmsp_core.store import keys, webhooks
+from lmsp_core.store import keys
+from lmsp_core.store.objects import webhooks
 from lmsp_core.wire import ids
 
 logger = logging.getLogger(__name__)

@@ -1,7 +1,7 @@
 """The sender: every API process sends the webhook deliveries that are due, whoever created them.
 
 It takes due deliveries from the index in Redis, each held from the other processes' senders for
-longer than an attempt can take (``lmsp_core.store.webhooks.take_due``), and sends each: a POST of
+longer than an attempt can take (``lmsp_core.store.objects.webhooks.take_due``), and sends each: a POST of
 the event as it was first encoded, signed afresh (``signing``), to the address its URL's host
 resolves to now, if that address is allowed (``targets``). The attempt is recorded whatever
 happened; a 2xx answer delivers it, anything else (another status, a refused address, no answer
@@ -23,8 +23,8 @@ from redis.exceptions import RedisError
 from api.background.outage import Outage, poll
 from api.background.webhooks import signing, targets
 from lmsp_core.settings import Settings
-from lmsp_core.store import webhooks
-from lmsp_core.store.webhooks import DeliveryRecord, EndpointRecord
+from lmsp_core.store.objects import webhooks
+from lmsp_core.store.objects.webhooks import DeliveryRecord, EndpointRecord
 from lmsp_core.wire.webhooks import WebhookAttempt
 
 logger = logging.getLogger(__name__)

@@ -18,7 +18,7 @@ from api.http.openapi import eventstreams as streamdoc
 from api.http.strictbodies import StructDoc
 from lmsp_core import wire
 from lmsp_core.requests import extensions
-from lmsp_core.store.tasks import ListCursor
+from lmsp_core.store.tasks.records import ListCursor
 from lmsp_core.wire import webhooks
 from lmsp_core.wire.errors import PROBLEM_MEDIA_TYPE, problem
 

@@ -20,11 +20,11 @@ from api.openai.files import FileDeleted, file_list, file_object
 from api.openai.inputitems import input_items, page
 from api.openai.rendering import ResponseView, render_all, response_object
 from lmsp_core import wire
-from lmsp_core.store import eventlog
-from lmsp_core.store.batches import BatchRecord
-from lmsp_core.store.conversations import StoredResponse
-from lmsp_core.store.files import FileRecord
-from lmsp_core.store.tasks import Kind, TaskRecord
+from lmsp_core.store.objects.batches import BatchRecord
+from lmsp_core.store.objects.conversations import StoredResponse
+from lmsp_core.store.objects.files import FileRecord
+from lmsp_core.store.tasks import eventlog
+from lmsp_core.store.tasks.records import Kind, TaskRecord
 from lmsp_core.wire.errors import problem
 
 _CALL = "call_01J8M6Q4W9D3F6H8K2M4P6R8TV"

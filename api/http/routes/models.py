@@ -6,7 +6,8 @@ from api.http.openapi import document as doc
 from api.process import Services
 from lmsp_core import wire
 from lmsp_core.requests.catalog import ModelSpec
-from lmsp_core.store import credentials, registry
+from lmsp_core.store import registry
+from lmsp_core.store.tenants import credentials
 
 
 def model_object(spec: ModelSpec, workers: list[registry.WorkerInfo]) -> wire.ModelObject:

@@ -18,9 +18,9 @@ from api.openai import PREFIX
 from api.openai import batches as ob
 from api.openai.errors import errors_only
 from api.process import Services
-from lmsp_core.store import credentials
-from lmsp_core.store.batches import BatchRecord, BatchStore
-from lmsp_core.store.credentials import Identity
+from lmsp_core.store.objects.batches import BatchRecord, BatchStore
+from lmsp_core.store.tenants import credentials
+from lmsp_core.store.tenants.credentials import Identity
 from lmsp_core.wire import ids
 from lmsp_core.wire.errors import InvalidRequest, NotFound
 

@@ -19,7 +19,7 @@ from api.process import Services
 from api.submission import idempotency
 from api.submission.idempotency import REPLAYED, IdempotencyKey
 from lmsp_core import wire
-from lmsp_core.store import credentials
+from lmsp_core.store.tenants import credentials
 from lmsp_core.wire.errors import GenerationFailed, LmspError
 
 ENDPOINT = "openai.chat"  # Idempotency-Key fingerprints: never shared with another route

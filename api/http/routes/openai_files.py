@@ -1,7 +1,7 @@
 """OpenAI's Files API, for the Batch API's input and output files: ``POST /v1/files``, ``GET
 /v1/files``, ``GET /v1/files/{id}``, ``GET /v1/files/{id}/content``, ``DELETE /v1/files/{id}``.
 
-Files live in Redis (``lmsp_core.store.files``). Only purpose ``batch`` can be uploaded, as JSONL;
+Files live in Redis (``lmsp_core.store.objects.files``). Only purpose ``batch`` can be uploaded, as JSONL;
 a batch writes its output and error files (purpose ``batch_output``) itself. An upload may be as
 large as ``LMSP_MAX_FILE_BYTES``, above the app's body limit ``LMSP_MAX_BODY_BYTES``: the routes
 come from ``controller(settings)``, which sets their own limit.
@@ -24,8 +24,8 @@ from api.openai import files as of
 from api.openai.errors import errors_only, unsupported
 from api.process import Services
 from lmsp_core.settings import Settings
-from lmsp_core.store import credentials
-from lmsp_core.store.files import FileRecord, Order
+from lmsp_core.store.objects.files import FileRecord, Order
+from lmsp_core.store.tenants import credentials
 from lmsp_core.wire import ids
 from lmsp_core.wire.errors import NotFound
 

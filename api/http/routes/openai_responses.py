@@ -31,10 +31,10 @@ from api.storedresponses import delete_stored
 from api.submission import idempotency
 from api.submission.idempotency import REPLAYED, IdempotencyKey
 from lmsp_core import wire
-from lmsp_core.store import credentials
-from lmsp_core.store.conversations import StoredResponse
-from lmsp_core.store.credentials import Identity
-from lmsp_core.store.tasks import CancelOutcome, Kind, TaskRecord
+from lmsp_core.store.objects.conversations import StoredResponse
+from lmsp_core.store.tasks.records import CancelOutcome, Kind, TaskRecord
+from lmsp_core.store.tenants import credentials
+from lmsp_core.store.tenants.credentials import Identity
 from lmsp_core.wire import ids
 from lmsp_core.wire.errors import Forbidden, GenerationFailed, Gone, InvalidRequest, LmspError, NotFound
 

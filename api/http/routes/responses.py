@@ -23,8 +23,8 @@ from api.storedresponses import delete_stored
 from api.submission import idempotency
 from api.submission.idempotency import REPLAYED, IdempotencyKey
 from lmsp_core import wire
-from lmsp_core.store import credentials
-from lmsp_core.store.tasks import TaskRecord
+from lmsp_core.store.tasks.records import TaskRecord
+from lmsp_core.store.tenants import credentials
 from lmsp_core.wire import ids
 from lmsp_core.wire.errors import GenerationFailed, NotFound
 

@@ -23,8 +23,9 @@ from api.submission import idempotency
 from api.submission.idempotency import REPLAYED, IdempotencyKey
 from api.submission.submit import submit
 from lmsp_core import wire
-from lmsp_core.store import credentials, eventlog
-from lmsp_core.store.tasks import CancelOutcome, ListCursor, TaskRecord
+from lmsp_core.store.tasks import eventlog
+from lmsp_core.store.tasks.records import CancelOutcome, ListCursor, TaskRecord
+from lmsp_core.store.tenants import credentials
 from lmsp_core.wire import ids
 from lmsp_core.wire.errors import InvalidRequest, NotFound
 

@@ -18,8 +18,9 @@ from api.background.webhooks import targets
 from api.http.openapi import document as doc
 from api.process import Services
 from lmsp_core.requests import webhooks as checks
-from lmsp_core.store import credentials, webhooks
-from lmsp_core.store.webhooks import EndpointRecord
+from lmsp_core.store.objects import webhooks
+from lmsp_core.store.objects.webhooks import EndpointRecord
+from lmsp_core.store.tenants import credentials
 from lmsp_core.wire import ids
 from lmsp_core.wire import webhooks as wire
 from lmsp_core.wire.errors import NotFound

@@ -17,7 +17,7 @@ from lmsp_core import wire
 from lmsp_core.requests import extensions
 from lmsp_core.settings import Settings
 from lmsp_core.store import keys
-from lmsp_core.store.tasks import TaskRecord
+from lmsp_core.store.tasks.records import TaskRecord
 from lmsp_core.wire.errors import InvalidRequest, NotFound
 
 MAX_TURNS = 1000

@@ -23,7 +23,8 @@ from redis.asyncio.client import Pipeline
 
 from lmsp_core import wire
 from lmsp_core.settings import Settings
-from lmsp_core.store import eventlog, keys, scripts
+from lmsp_core.store import keys, scripts
+from lmsp_core.store.tasks import eventlog
 
 
 class Final(msgspec.Struct, frozen=True):

@@ -14,7 +14,7 @@ from msgspec import Meta
 from redis.asyncio import Redis
 
 from lmsp_core.store import keys
-from lmsp_core.store.credentials import check_principal
+from lmsp_core.store.tenants.credentials import check_principal
 
 Weight = Annotated[float, Meta(gt=0, le=1000)]
 Quota = Annotated[int, Meta(ge=1)]

@@ -18,11 +18,12 @@ from redis.asyncio import Redis
 
 from lmsp_core import wire
 from lmsp_core.settings import Settings
-from lmsp_core.store import cluster, connections, eventlog, finished, keys, metrics, queue, scripts
+from lmsp_core.store import cluster, connections, keys, metrics, scripts
 from lmsp_core.store.connections import ReplicaWatch
-from lmsp_core.store.eventstore import unpack_tokens
-from lmsp_core.store.fairqueue import FairQueue
-from lmsp_core.store.taskindex import ActiveIndex
+from lmsp_core.store.tasks import eventlog, finished, queue
+from lmsp_core.store.tasks.eventstore import unpack_tokens
+from lmsp_core.store.tasks.fairqueue import FairQueue
+from lmsp_core.store.tasks.taskindex import ActiveIndex
 from lmsp_core.wire import ids
 
 Kind = Literal["task", "direct"]

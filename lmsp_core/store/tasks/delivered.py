@@ -16,7 +16,7 @@ from typing import Any
 import msgspec
 
 from lmsp_core import wire
-from lmsp_core.store.eventlog import Event
+from lmsp_core.store.tasks.eventlog import Event
 
 
 class DeliveredOutput:

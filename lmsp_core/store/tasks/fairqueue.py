@@ -1,7 +1,7 @@
 """The fair share of each model's queue between principals (docs/queue.md, "Fair share between
 principals").
 
-arq keeps moving jobs (``lmsp_core.store.queue``); this decides *which* waiting job a worker with
+arq keeps moving jobs (``lmsp_core.store.tasks.queue``); this decides *which* waiting job a worker with
 a free slot starts next. Each principal's jobs wait in their own order (priority and age, the arq
 queue's score), and a worker picks the head of the principal that has received the least service
 for its weight (start-time fair queuing): a principal's pass grows by a job's cost / its weight
@@ -28,7 +28,7 @@ from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
 
 from lmsp_core.store import cluster, keys, scripts
-from lmsp_core.store.principals import PrincipalSettings
+from lmsp_core.store.tenants.principals import PrincipalSettings
 
 SEP = "\x01"
 

@@ -13,11 +13,11 @@ from typing import Any, Literal
 from api.openai import requests as oa
 from api.openai.errors import converted, unsupported
 from lmsp_core import wire
-from lmsp_core.requests import extensions as ext
 from lmsp_core.requests.catalog import ModelSpec
-from lmsp_core.requests.extensions import SEED, STOP, TOP_P
 from lmsp_core.wire import Capability
+from lmsp_core.wire import extensions as ext
 from lmsp_core.wire.errors import InvalidRequest, UnsupportedCapability
+from lmsp_core.wire.extensions import SEED, STOP, TOP_P
 
 EXTENSION = "x-openai"
 JSON_OBJECT = wire.JsonSchemaSpec(name="json_object", schema={"type": "object"})

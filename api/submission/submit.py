@@ -6,22 +6,20 @@ reservation also finds its record; a request that loses the reservation race del
 before anything was queued.
 """
 
-import asyncio
 import contextlib
 import time
 from typing import NamedTuple
 
 from redis.exceptions import RedisError
-from tokenizers import Tokenizer
 
 from api.process import Services
 from api.submission import idempotency
+from api.submission.admission import Rendered, admit
 from lmsp_core import wire
-from lmsp_core.requests import extensions, grammars
+from lmsp_core.requests import extensions
 from lmsp_core.requests.catalog import ModelSpec
-from lmsp_core.requests.closing import GrammarTokenizer, output_tokens_needed, reasoning_closing_ids
-from lmsp_core.requests.validation import check_limits, check_output_room, check_request, output_budget
-from lmsp_core.store import metrics, registry
+from lmsp_core.requests.validation import output_budget
+from lmsp_core.store import metrics
 from lmsp_core.store.objects import conversations
 from lmsp_core.store.objects.conversations import StoredResponse
 from lmsp_core.store.tasks import fairqueue, queue
@@ -31,7 +29,6 @@ from lmsp_core.store.tenants import principals
 from lmsp_core.wire import ids
 from lmsp_core.wire.errors import ServiceUnavailable, TooManyRequests
 
-BUSY_RETRY_AFTER = 5
 QUOTA_RETRY_AFTER = 5
 
 
@@ -53,7 +50,7 @@ async def submit(services: Services, request: wire.ResponseRequest, *, kind: Kin
     spec = services.catalog.get(request.model)
     chain = await _conversation(services, request, spec, owner)
     items = conversations.context(chain, request.input) if chain else None
-    rendered = await _admit(services, request, spec, kind, items)
+    rendered = await admit(services, request, spec, kind, items)
     record = TaskRecord(
         id=ids.new_id(ids.TASK), model=spec.id, owner=owner, kind=kind, status="queued",
         created_at=time.time(), response_id=ids.new_id(ids.RESPONSE), request=wire.encoder.encode(request),
@@ -109,7 +106,7 @@ def _over_quota(record: TaskRecord, fair: tuple[fairqueue.FairQueue, queue.Ticke
                            code="queue_quota_exceeded")
 
 
-def _cost(request: wire.ResponseRequest, spec: ModelSpec, rendered: "Rendered | None") -> int:
+def _cost(request: wire.ResponseRequest, spec: ModelSpec, rendered: Rendered | None) -> int:
     """What the task asks for (``fairqueue.cost``); without a rendered prompt, its output budget."""
     if rendered is None:
         return fairqueue.cost(0, request.max_output_tokens or spec.max_output_tokens)
@@ -117,7 +114,7 @@ def _cost(request: wire.ResponseRequest, spec: ModelSpec, rendered: "Rendered | 
 
 
 def _metadata(request: wire.ResponseRequest) -> bytes | None:
-    metadata = extensions.parse(request.extensions).metadata
+    metadata = request.known_extensions.metadata
     return None if metadata is None else wire.encoder.encode(metadata)
 
 
@@ -127,56 +124,6 @@ async def _conversation(services: Services, request: wire.ResponseRequest, spec:
     if request.previous_response_id is None or not spec.has("conversations"):
         return []  # without the capability, check_request refuses previous_response_id
     return await services.conversations.chain(request.previous_response_id, owner)
-
-
-class Rendered(NamedTuple):
-    token_ids: list[int]
-    card_digest: str
-
-
-async def _admit(services: Services, request: wire.ResponseRequest, spec: ModelSpec, kind: Kind,
-                 items: list[wire.InputItem] | None) -> Rendered | None:
-    """Every check of the request, done here once (the worker trusts a task's rendered prompt);
-    returns that prompt, or None where the API has no card of the model yet."""
-    check_limits(request, services.settings)
-    check_request(request, spec, items)
-    rendered = await _check_lengths(services, request, spec, items)  # can never run: 400 before any 503
-    if kind == "direct" and not (await registry.workers_per_model(services.redis))[spec.id]:
-        raise ServiceUnavailable(f"No worker is running model {spec.id!r} right now; retry later, or create "
-                                 "a task, which waits in the queue for a worker.", code="model_unavailable",
-                                 retry_after=5)
-    limit = spec.max_queue_depth if spec.max_queue_depth is not None else services.settings.max_queue_depth
-    if limit and await queue.depth(services.redis, spec.id) >= limit:
-        raise ServiceUnavailable(f"The queue of model {spec.id!r} is full ({limit} tasks); retry later.",
-                                 code="server_busy", retry_after=BUSY_RETRY_AFTER)
-    return rendered
-
-
-async def _check_lengths(services: Services, request: wire.ResponseRequest, spec: ModelSpec,
-                         items: list[wire.InputItem] | None) -> Rendered | None:
-    """The prompt fits the context window, and the shortest complete output of a grammar (a forced
-    call, json_schema) fits the output budget: counted with the model's tokenizer, which the API
-    has with or without a worker (``api.submission.modeltext``). Returns the rendered prompt."""
-    text = await services.model_text(spec.id)
-    if text is None:  # no card and no files: the worker checks the lengths when it starts the task
-        return None
-    prompt = await asyncio.to_thread(text.renderer.prompt_ids, request, items)
-    budget = output_budget(request, spec, len(prompt))
-    if request.tools or request.response_format is not None:
-        tokenizer = await text.grammar()
-        needed = await asyncio.to_thread(_needed, request, spec, text.renderer.tokenizer, tokenizer)
-        check_output_room(request, spec, budget, needed)
-    return Rendered(prompt, text.card_digest)
-
-
-def _needed(request: wire.ResponseRequest, spec: ModelSpec, text_tokenizer: Tokenizer,
-            tokenizer: GrammarTokenizer) -> int | None:
-    """Tokens of the shortest output that completes the request's grammar (None: no grammar, or no minimum)."""
-    grammar = grammars.generation_grammar(request, reasoning=spec.reasoning)
-    if grammar is None:
-        return None
-    closers = [reasoning_closing_ids(text_tokenizer, spec.reasoning)] if spec.reasoning else []
-    return output_tokens_needed(tokenizer, grammar, closers)
 
 
 async def _earlier(services: Services, task_id: str) -> TaskRecord:

@@ -17,9 +17,8 @@ from litestar.openapi.spec import Example
 from api.http.openapi import eventstreams as streamdoc
 from api.http.strictbodies import StructDoc
 from lmsp_core import wire
-from lmsp_core.requests import extensions
 from lmsp_core.store.tasks.records import ListCursor
-from lmsp_core.wire import webhooks
+from lmsp_core.wire import extensions, webhooks
 from lmsp_core.wire.errors import PROBLEM_MEDIA_TYPE, problem
 
 TASK_ID = "task_01J8M6Q4W2T7N5R3V9X1Z8B0DF"

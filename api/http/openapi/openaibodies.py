@@ -10,7 +10,7 @@ from api.http.strictbodies import StructDoc
 from api.openai import requests as rq
 from api.openai.translation import MAX_SAFETY_IDENTIFIER, MAX_USER, TEXT_TYPES
 from lmsp_core import wire
-from lmsp_core.requests import extensions as ext
+from lmsp_core.wire import extensions as ext
 
 NULL: JsonSchema = {"type": "null"}
 EMPTY: JsonSchema = {"anyOf": [{"type": "array", "maxItems": 0}, NULL]}  # echoed back, must be empty

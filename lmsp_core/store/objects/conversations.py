@@ -14,11 +14,11 @@ import msgspec
 from redis.asyncio import Redis
 
 from lmsp_core import wire
-from lmsp_core.requests import extensions
 from lmsp_core.settings import Settings
 from lmsp_core.store import keys
 from lmsp_core.store.tasks.records import TaskRecord
 from lmsp_core.wire.errors import InvalidRequest, NotFound
+from lmsp_core.wire.extensions import parse as parse_extensions
 
 MAX_TURNS = 1000
 
@@ -39,7 +39,7 @@ class StoredResponse(msgspec.Struct, frozen=True, kw_only=True):
         """The stored response, or an in-progress response object while it is being generated."""
         if self.response is not None:
             return self.response
-        metadata = extensions.parse(self.extensions).metadata
+        metadata = parse_extensions(self.extensions).metadata
         return wire.Response(id=self.response_id, created_at=int(self.created_at), status="in_progress",
                              model=self.model, output=[], usage=None,
                              metadata=msgspec.UNSET if metadata is None else metadata)

@@ -32,10 +32,10 @@ from typing import NamedTuple, cast
 from arq.connections import ArqRedis
 from redis.asyncio import Redis
 
-from lmsp_core.requests.extensions import Priority
 from lmsp_core.store import cluster, keys
 from lmsp_core.store.tasks.fairqueue import FairQueue
 from lmsp_core.store.tenants import principals
+from lmsp_core.wire.extensions import Priority
 
 GENERATE = "generate"
 JOB_EXPIRY = timedelta(days=1)  # arq's default; set explicitly, since arq shortens it for past scores

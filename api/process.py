@@ -9,10 +9,10 @@ from pathlib import Path
 
 from arq.connections import ArqRedis
 
-from api.follow.hub import EventHub
+from api.eventhub import EventHub
 from api.limits import Limits
 from api.metrics import ApiMetrics
-from api.submission.modeltext import ModelText, Tokenizers
+from api.modeltext import ModelText, Tokenizers
 from lmsp_core.requests.catalog import Catalog
 from lmsp_core.settings import Settings
 from lmsp_core.store import connections
@@ -47,7 +47,7 @@ class Services:
                    replicas=replicas, files=FileStore(redis, settings, replicas))
 
     async def model_text(self, model_id: str) -> ModelText | None:
-        """The model's prompt renderer and grammar tokenizer (``api.submission.modeltext``)."""
+        """The model's prompt renderer and grammar tokenizer (``api.modeltext``)."""
         return await self.tokenizers.get(self.redis, model_id)
 
     async def close(self) -> None:

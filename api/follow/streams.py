@@ -3,7 +3,7 @@
 A streamed answer takes its principal's stream slot first, so that a refused stream leaves no task
 behind (``open``); a streaming repeat of an idempotent request replays the task's events from the
 start, so they must still exist (``check_history``). The stream itself is one loop for every kind
-(``follow``): the events come from the process's hub (``api.follow.hub``), a framer of
+(``follow``): the events come from the process's hub (``api.eventhub``), a framer of
 ``api.follow.framing`` turns them into bytes, a keep-alive goes out whenever the hub has nothing.
 
 A direct response (``POST /lmsp/v1/responses`` and the OpenAI routes without ``background``) is a

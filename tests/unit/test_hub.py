@@ -10,7 +10,7 @@ import msgspec
 import pytest
 import redis.asyncio as aioredis
 
-from api.follow.hub import EventHub
+from api.eventhub import EventHub
 from lmsp_core import wire
 from lmsp_core.store import keys
 from lmsp_core.store.tasks import eventlog

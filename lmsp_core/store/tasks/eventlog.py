@@ -17,16 +17,13 @@ from redis.asyncio import Redis
 
 from lmsp_core import wire
 from lmsp_core.store import keys
+from lmsp_core.store.scripts import CODES
 
 READ_CHUNK = 512
 # the sequence part of a stream entry id is an unsigned 64-bit integer: no event number, so no
 # cursor, can be larger (Redis refuses such an id in XRANGE / XREAD)
 MAX_EVENT_ID = 2**64 - 1
 
-# one-letter codes of the events a task's log holds; any other name is stored as it is (names
-# with a dot never collide with a code)
-CODES = {wire.CREATED: "c", wire.ITEM_ADDED: "a", wire.TEXT_DELTA: "d", wire.REASONING_DELTA: "r",
-         wire.ITEM_DONE: "o", wire.COMPLETED: "C", wire.INCOMPLETE: "I", wire.FAILED: "F", wire.CANCELLED: "X"}
 NAMES = {code: name for name, code in CODES.items()}
 
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from lmsp.credentials import add_redis_arguments, run_command, warn_unless_replicated
+from lmsp.operator.redisaccess import add_redis_arguments, run_command, warn_unless_replicated
 from lmsp_core.settings import Settings
 from lmsp_core.wire.errors import InvalidRequest
 

@@ -5,17 +5,11 @@ Redis keeps only its SHA-256 hash. ``revoke`` takes effect on the next request o
 """
 
 import argparse
-import asyncio
 import sys
 import time
-from collections.abc import Coroutine
-from typing import TYPE_CHECKING, Any
 
+from lmsp.operator.redisaccess import add_redis_arguments, run_command, warn_unless_replicated
 from lmsp_core.settings import Settings
-from lmsp_core.wire.errors import InvalidRequest
-
-if TYPE_CHECKING:  # the service's packages (extra "api"): imported when the command runs
-    from redis.asyncio import Redis
 
 
 def add_parser(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
@@ -32,28 +26,8 @@ def add_parser(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") 
         add_redis_arguments(action)
 
 
-def add_redis_arguments(parser: argparse.ArgumentParser) -> None:
-    """Where the service's Redis is (flags over ``LMSP_REDIS_*``)."""
-    parser.add_argument("--redis-url")
-    parser.add_argument("--redis-sentinels", metavar="HOST:PORT,...",
-                        help="ask these Redis Sentinels for the primary (the URL then gives database and credentials)")
-    parser.add_argument("--redis-master", metavar="NAME", help="the primary's name at the sentinels")
-    parser.add_argument("--redis-cluster", metavar="HOST:PORT,...",
-                        help="some nodes of a Redis Cluster (the URL then gives credentials and TLS)")
-
-
 def run(args: argparse.Namespace, settings: Settings) -> int:
     return run_command("token", _run(args, settings))
-
-
-def run_command(command: str, work: Coroutine[Any, Any, int]) -> int:
-    """Run an operator command (``lmsp token``, ``lmsp principal``): a bad argument it finds
-    (``InvalidRequest``) is one line on standard error and exit status 2."""
-    try:
-        return asyncio.run(work)
-    except InvalidRequest as exc:
-        print(f"lmsp {command}: {exc.detail}", file=sys.stderr)
-        return 2
 
 
 async def _run(args: argparse.Namespace, settings: Settings) -> int:
@@ -81,13 +55,3 @@ async def _run(args: argparse.Namespace, settings: Settings) -> int:
         return 0
     finally:
         await connections.close(redis)
-
-
-async def warn_unless_replicated(redis: "Redis", settings: Settings, command: str, key: str) -> None:
-    """After an operator's write of ``key``: say so when no replica confirmed it (a revocation that a
-    failover loses would let the token in again, a quota would be lifted again)."""
-    from lmsp_core.store import connections
-
-    if not await connections.replicated(redis, connections.ReplicaWatch(settings), key):
-        print(f"lmsp {command}: warning: no replica confirmed the change within {settings.redis_wait_timeout} s; "
-              "a failover before it reaches one would undo it", file=sys.stderr)

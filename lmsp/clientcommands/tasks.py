@@ -6,8 +6,8 @@ import time
 import msgspec
 
 from lmsp.client import Client, LmspClientError
-from lmsp.commands import terminal
-from lmsp.commands.run import follow_result
+from lmsp.clientcommands import terminal
+from lmsp.clientcommands.run import follow_result
 from lmsp_core import wire
 
 

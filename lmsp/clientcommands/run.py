@@ -10,7 +10,7 @@ import sys
 from typing import Any
 
 from lmsp.client import Client, LmspClientError
-from lmsp.commands import terminal
+from lmsp.clientcommands import terminal
 
 
 def prompt_text(words: list[str]) -> str:

@@ -12,7 +12,7 @@ from typing import Any
 
 from lmsp.client import Client, LmspClientError
 from lmsp.client.common import user_message
-from lmsp.commands import terminal
+from lmsp.clientcommands import terminal
 from lmsp_core import wire
 
 

@@ -13,7 +13,7 @@ from typing import NamedTuple, TextIO
 
 from lmsp.client import Batch, BatchResult, Client, LmspClientError
 from lmsp.client.batches import RequestCounts
-from lmsp.commands import terminal
+from lmsp.clientcommands import terminal
 
 BAR_WIDTH = 30
 TIMESTAMPS = ("created_at", "in_progress_at", "expires_at", "finalizing_at", "completed_at", "failed_at",

@@ -11,7 +11,7 @@ import argparse
 import sys
 import time
 
-from lmsp.credentials import add_redis_arguments, run_command, warn_unless_replicated
+from lmsp.operator.redisaccess import add_redis_arguments, run_command, warn_unless_replicated
 from lmsp_core.settings import Settings
 from lmsp_core.wire.webhooks import WebhookDelivery
 

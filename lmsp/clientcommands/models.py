@@ -1,7 +1,7 @@
 """``lmsp models``: the models, whether workers serve them, and what they can do."""
 
 from lmsp.client import Client, LmspClientError
-from lmsp.commands import terminal
+from lmsp.clientcommands import terminal
 
 
 def models(client: Client) -> int:

@@ -9,7 +9,7 @@ status; ``param`` names the request parameter at fault where there is one (``nul
 
 import re
 from collections.abc import Mapping
-from typing import Any, TypeVar
+from typing import Any
 
 import msgspec
 from litestar import Response
@@ -102,7 +102,6 @@ def _extension_param(exc: LmspError) -> str | None:
 
 _UNKNOWN = re.compile(r"Object contains unknown field `(?P<field>[^`]*)`")
 _MISSING = re.compile(r"Object missing required field `(?P<field>[^`]*)`")
-_AT = re.compile(r" - at `\$(?P<path>[^`]*)`$")
 
 
 def join(prefix: str, path: str) -> str:
@@ -129,23 +128,6 @@ def validation_param(message: str, key: str | None) -> tuple[str | None, str, st
         # a kind of object (a hosted tool, a format) that this service does not have
         return key, UNSUPPORTED_VALUE, f"Unsupported value for {key!r}: {message.removeprefix('Invalid value ')}."
     return key, "invalid_request", f"Invalid value for {key!r}: {message}."
-
-
-T = TypeVar("T")
-
-
-def converted(value: Any, type_: type[T], param: str) -> T:
-    """``msgspec.convert`` with its errors as 400s naming the parameter (``param`` is where ``value``
-    sits in the request)."""
-    try:
-        return msgspec.convert(value, type_)
-    except msgspec.ValidationError as exc:
-        message = str(exc)
-        at = _AT.search(message)
-        path = join(param, at["path"]) if at else param
-        bare = message[: at.start()] if at else message
-        where, code, text = validation_param(bare, path)
-        raise InvalidRequest(text, code=code, extra={"param": where}) from None
 
 
 async def errors_only(response: Response[Any]) -> Response[Any]:

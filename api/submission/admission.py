@@ -18,7 +18,7 @@ from lmsp_core.requests.catalog import ModelSpec
 from lmsp_core.requests.closing import GrammarTokenizer, output_tokens_needed, reasoning_closing_ids
 from lmsp_core.requests.validation import check_limits, check_output_room, check_request, output_budget
 from lmsp_core.store import registry
-from lmsp_core.store.tasks import queue
+from lmsp_core.store.tasks import fairqueue, queue
 from lmsp_core.store.tasks.records import Kind
 from lmsp_core.wire.errors import ServiceUnavailable
 
@@ -30,12 +30,17 @@ class Rendered(NamedTuple):
     card_digest: str
 
 
+class Admission(NamedTuple):
+    rendered: Rendered | None  # the prompt, None where the API has no card of the model yet
+    cost: int  # what the task asks for (``fairqueue.cost``)
+
+
 async def admit(services: Services, request: wire.ResponseRequest, spec: ModelSpec, kind: Kind,
-                 items: list[wire.InputItem] | None) -> Rendered | None:
+                 items: list[wire.InputItem] | None) -> Admission:
     """Every check of the request, in one call before anything is stored (the worker trusts a
     task's rendered prompt): its limits, the model's capabilities, extensions and grammars, the
     prompt's and the output's lengths, a worker for a direct response, room in the model's queue.
-    Returns the rendered prompt, or None where the API has no card of the model yet."""
+    Returns the rendered prompt and what the task costs."""
     check_limits(request, services.settings)
     check_request(request, spec, items)
     rendered = await _check_lengths(services, request, spec, items)  # can never run: 400 before any 503
@@ -47,7 +52,14 @@ async def admit(services: Services, request: wire.ResponseRequest, spec: ModelSp
     if limit and await queue.depth(services.redis, spec.id) >= limit:
         raise ServiceUnavailable(f"The queue of model {spec.id!r} is full ({limit} tasks); retry later.",
                                  code="server_busy", retry_after=BUSY_RETRY_AFTER)
-    return rendered
+    return Admission(rendered, _cost(request, spec, rendered))
+
+
+def _cost(request: wire.ResponseRequest, spec: ModelSpec, rendered: Rendered | None) -> int:
+    """What the task asks for (``fairqueue.cost``); without a rendered prompt, its output budget."""
+    if rendered is None:
+        return fairqueue.cost(0, request.max_output_tokens or spec.max_output_tokens)
+    return fairqueue.cost(len(rendered.token_ids), output_budget(request, spec, len(rendered.token_ids)))
 
 
 async def _check_lengths(services: Services, request: wire.ResponseRequest, spec: ModelSpec,

@@ -14,17 +14,16 @@ from redis.exceptions import RedisError
 
 from api.process import Services
 from api.submission import idempotency
-from api.submission.admission import Rendered, admit
+from api.submission.admission import admit
 from lmsp_core import wire
 from lmsp_core.requests import extensions
 from lmsp_core.requests.catalog import ModelSpec
-from lmsp_core.requests.validation import output_budget
 from lmsp_core.store import metrics
 from lmsp_core.store.objects import conversations
 from lmsp_core.store.objects.conversations import StoredResponse
 from lmsp_core.store.tasks import fairqueue, queue
 from lmsp_core.store.tasks.eventstore import pack_tokens
-from lmsp_core.store.tasks.records import Kind, TaskRecord
+from lmsp_core.store.tasks.records import Kind, TaskRecord, metadata_of
 from lmsp_core.store.tenants import principals
 from lmsp_core.wire import ids
 from lmsp_core.wire.errors import ServiceUnavailable, TooManyRequests
@@ -50,14 +49,14 @@ async def submit(services: Services, request: wire.ResponseRequest, *, kind: Kin
     spec = services.catalog.get(request.model)
     chain = await _conversation(services, request, spec, owner)
     items = conversations.context(chain, request.input) if chain else None
-    rendered = await admit(services, request, spec, kind, items)
+    rendered, cost = await admit(services, request, spec, kind, items)
     record = TaskRecord(
         id=ids.new_id(ids.TASK), model=spec.id, owner=owner, kind=kind, status="queued",
         created_at=time.time(), response_id=ids.new_id(ids.RESPONSE), request=wire.encoder.encode(request),
         context=None if items is None else wire.encoder.encode(items),
         prompt=None if rendered is None else pack_tokens(rendered.token_ids),
-        prompt_card=None if rendered is None else rendered.card_digest, metadata=_metadata(request),
-        cost=_cost(request, spec, rendered), batch=batch,
+        prompt_card=None if rendered is None else rendered.card_digest, metadata=metadata_of(request),
+        cost=cost, batch=batch,
     )
     await services.store.create(record)
     if idempotency_key:
@@ -104,18 +103,6 @@ def _over_quota(record: TaskRecord, fair: tuple[fairqueue.FairQueue, queue.Ticke
     return TooManyRequests(f"Principal {record.owner!r} already has {limit} tasks waiting for model {record.model!r} "
                            "(its max_queued); retry once some have started.", retry_after=QUOTA_RETRY_AFTER,
                            code="queue_quota_exceeded")
-
-
-def _cost(request: wire.ResponseRequest, spec: ModelSpec, rendered: Rendered | None) -> int:
-    """What the task asks for (``fairqueue.cost``); without a rendered prompt, its output budget."""
-    if rendered is None:
-        return fairqueue.cost(0, request.max_output_tokens or spec.max_output_tokens)
-    return fairqueue.cost(len(rendered.token_ids), output_budget(request, spec, len(rendered.token_ids)))
-
-
-def _metadata(request: wire.ResponseRequest) -> bytes | None:
-    metadata = request.known_extensions.metadata
-    return None if metadata is None else wire.encoder.encode(metadata)
 
 
 async def _conversation(services: Services, request: wire.ResponseRequest, spec: ModelSpec,

@@ -137,6 +137,12 @@ _FLOAT_FIELDS = ("created_at", "started_at", "finished_at")
 _INT_FIELDS = ("last_event_id", "attempts", "cost")
 
 
+def metadata_of(request: wire.ResponseRequest) -> bytes | None:
+    """A new task's ``metadata``: its request's ``x-metadata``, encoded (None: none)."""
+    metadata = request.known_extensions.metadata
+    return None if metadata is None else wire.encoder.encode(metadata)
+
+
 def _record(raw: dict[bytes, bytes]) -> TaskRecord:
     fields = {k.decode(): v for k, v in raw.items()}
     data: dict[str, Any] = {name: fields[name].decode() for name in _TEXT_FIELDS}

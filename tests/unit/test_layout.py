@@ -127,6 +127,12 @@ def test_the_api_rooms_import_downward() -> None:
     assert offenders(shared, ("api.submission", "api.storedresponses"), top_level_only=False) == []
 
 
+def test_the_api_and_the_store_keep_their_modules_in_rooms() -> None:
+    """At most ten modules at the top of each; the rest in rooms whose names say what is there."""
+    for package in ("api", "lmsp_core/store"):
+        assert len(list((ROOT / package).glob("*.py"))) <= 10, package
+
+
 def test_routes_leave_redis_to_the_stores() -> None:
     assert offenders(("api.http.routes",), ("lmsp_core.store.connections", "lmsp_core.store.keys"),
                      top_level_only=False) == []

@@ -22,8 +22,9 @@ from redis.asyncio import Redis
 
 from lmsp_core.requests.catalog import Catalog
 from lmsp_core.settings import Settings
-from lmsp_core.store import keys, metrics, principals, registry
-from lmsp_core.store.fairqueue import FairQueue, Share
+from lmsp_core.store import keys, metrics, registry
+from lmsp_core.store.tasks.fairqueue import FairQueue, Share
+from lmsp_core.store.tenants import principals
 
 PREFIX = "lmsp_"
 # the principals of a model beyond the cap, summed into one row ('~' never occurs in a principal's name)

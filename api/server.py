@@ -2,7 +2,7 @@
 
 import uvicorn
 
-from api.app import create_app
+from api.http.app import create_app
 from lmsp_core import logs
 from lmsp_core.settings import Settings
 

@@ -49,7 +49,8 @@ from bench.stack import ROOT, Stack, cpu_seconds
 from lmsp_core import wire
 from lmsp_core.requests.catalog import Catalog
 from lmsp_core.settings import load_settings
-from lmsp_core.store import credentials, keys
+from lmsp_core.store import keys
+from lmsp_core.store.tenants import credentials
 
 POLL_SECONDS = 0.05
 DRAIN_TIMEOUT = 600.0  # for the two principals' tasks to start and end

@@ -12,7 +12,7 @@ from bench.report import user_input
 from bench.sse import HOST
 from lmsp_core import wire
 from lmsp_core.settings import Settings
-from lmsp_core.store.tasks import ClaimOutcome, TaskRecord, TaskStore
+from lmsp_core.store.tasks.records import ClaimOutcome, TaskRecord, TaskStore
 from workers.writer import EventWriter
 
 UNSERVED = "bench-unserved"  # queued on a model no worker serves, written by this process

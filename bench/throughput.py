@@ -48,7 +48,7 @@ from lmsp_core.requests.catalog import Catalog
 from lmsp_core.requests.chat import PromptRenderer
 from lmsp_core.settings import Settings, load_settings
 from lmsp_core.store import keys
-from lmsp_core.store.eventstore import Final
+from lmsp_core.store.tasks.eventstore import Final
 from workers.model import loader
 
 # --- in process ----------------------------------------------------------------------------------

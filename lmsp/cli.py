@@ -1,6 +1,6 @@
 """``lmsp``: run the service (``up``, ``api``, ``worker``), manage its tokens, principals and webhooks
-(``token``, ``principal``, ``webhook``) and use it (``run``, ``chat``, ``tasks``, ``batch``, ``models``; their
-logic is in ``lmsp/commands/``)."""
+(``token``, ``principal``, ``webhook``: operator commands on its Redis, ``lmsp/operator/``) and use it
+(``run``, ``chat``, ``tasks``, ``batch``, ``models``: client commands over HTTP, ``lmsp/clientcommands/``)."""
 
 import argparse
 import os
@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from lmsp import credentials, principals, webhooks
+from lmsp.operator import principals, redisaccess, tokens, webhooks
 from lmsp_core import logs
 from lmsp_core.settings import Settings, load_settings
 
@@ -49,7 +49,7 @@ def _parser() -> argparse.ArgumentParser:
                                   "Cluster with --local-cluster)")
     up.add_argument("--host")
     up.add_argument("--port", type=int)
-    credentials.add_redis_arguments(up)
+    redisaccess.add_redis_arguments(up)
     up.add_argument("--local-cluster", type=int, default=0, metavar="N",
                     help="start a local Redis Cluster of N primaries (3 or more), one replica each, instead of "
                          "one redis-server; it starts empty every time")
@@ -59,15 +59,15 @@ def _parser() -> argparse.ArgumentParser:
                                    "the same flags)")
     api.add_argument("--host")
     api.add_argument("--port", type=int)
-    credentials.add_redis_arguments(api)
+    redisaccess.add_redis_arguments(api)
 
     worker = commands.add_parser("worker", parents=[_model_flags()], help="a generation worker alone")
-    credentials.add_redis_arguments(worker)
+    redisaccess.add_redis_arguments(worker)
     worker.add_argument("--gpus", metavar="all|ID,ID...",
                         help="one worker process per GPU (all visible ones, or these CUDA device ids), each "
                              "pinned to its GPU, all on the same queues")
 
-    credentials.add_parser(commands)
+    tokens.add_parser(commands)
     principals.add_parser(commands)
     webhooks.add_parser(commands)
     _client_parsers(commands)
@@ -132,7 +132,7 @@ def _batch_parsers(commands: "argparse._SubParsersAction[argparse.ArgumentParser
 
 def _client_main(args: argparse.Namespace) -> int:
     from lmsp.client import Client
-    from lmsp.commands import chat, models, run, tasks
+    from lmsp.clientcommands import chat, models, run, tasks
 
     with Client(args.url, token=args.token) as client:
         if args.command == "models":
@@ -154,7 +154,7 @@ def _client_main(args: argparse.Namespace) -> int:
 
 
 def _batch_main(client: "Client", args: argparse.Namespace) -> int:
-    from lmsp.commands import batches
+    from lmsp.clientcommands import batches
 
     if args.action == "create":
         paths = batches.Paths.beside(args.file, args.output, args.errors)
@@ -211,7 +211,7 @@ def _service_main(args: argparse.Namespace) -> int:
 
         run_worker(settings, models)
     elif args.command == "token":
-        return credentials.run(args, settings)
+        return tokens.run(args, settings)
     elif args.command == "principal":
         return principals.run(args, settings)
     elif args.command == "webhook":

@@ -35,7 +35,8 @@ from lmsp_core import wire
 from lmsp_core.ports import free_port
 from lmsp_core.requests.chat import PromptRenderer
 from lmsp_core.settings import load_settings
-from lmsp_core.store import connections, credentials, registry
+from lmsp_core.store import connections, registry
+from lmsp_core.store.tenants import credentials
 
 ROOT = Path(__file__).resolve().parent.parent
 SECURE_CORS_ORIGIN = "https://app.example"  # the one origin the secure_api fixture allows

@@ -24,9 +24,10 @@ from lmsp_core import logs
 from lmsp_core.requests.catalog import Catalog, ModelSpec
 from lmsp_core.requests.chat import PromptRenderer
 from lmsp_core.settings import Settings
-from lmsp_core.store import connections, keys, queue, registry
+from lmsp_core.store import connections, keys, registry
 from lmsp_core.store.cluster import ClusterClient
-from lmsp_core.store.queue import GENERATE
+from lmsp_core.store.tasks import queue
+from lmsp_core.store.tasks.queue import GENERATE
 from workers import notices
 from workers.engine.core import Engine
 from workers.model import loader

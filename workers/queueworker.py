@@ -5,10 +5,10 @@ to first token. Here each model's arq worker waits on an asyncio event instead: 
 pub/sub message that the API publishes after each enqueue, and when a job of ours finishes (a
 slot is free). A slow fallback poll covers lost messages (pub/sub is at most once).
 
-Which jobs start is the fair queue's choice (``lmsp_core.store.fairqueue``): with a ``pick``, a
+Which jobs start is the fair queue's choice (``lmsp_core.store.tasks.fairqueue``): with a ``pick``, a
 poll asks it for as many jobs as this worker has free slots and starts those; without one (fair
 share off) jobs start in the order of their queue scores (priorities, see
-``lmsp_core.store.queue``). Either way a poll starts jobs only while a slot is free, and the next
+``lmsp_core.store.tasks.queue``). Either way a poll starts jobs only while a slot is free, and the next
 poll decides afresh, where arq would wait for a slot and then start the next job of the list it
 read earlier, ahead of anything queued meanwhile with a better score. A picked job that arq does
 not start (another worker runs it, or it left the queue) is left alone: its running entry lapses.

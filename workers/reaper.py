@@ -3,10 +3,10 @@
 A worker killed with SIGKILL (or cut off from Redis) leaves its tasks ``in_progress`` under a lease
 that nobody renews, and arq would re-run their jobs only when its own in-progress marker expires
 (the job time limit plus a minute). Every worker therefore reaps, for its models: it takes the due
-entries of the index of unfinished tasks (``lmsp_core.store.taskindex``), reads each task's hash and
+entries of the index of unfinished tasks (``lmsp_core.store.tasks.taskindex``), reads each task's hash and
 
 - drops the entry of a task that is final or gone, announcing a final one's end
-  (``lmsp_core.store.finished``: its worker may have died before it did);
+  (``lmsp_core.store.tasks.finished``: its worker may have died before it did);
 - looks again when the lease of a running task would lapse;
 - gives a task that nobody holds (queued, or in progress with a lapsed lease) a fresh arq job at
   the task's own place in the queue (its creation time and priority), unless its current job still
@@ -30,8 +30,9 @@ from redis.exceptions import RedisError
 from lmsp_core import wire
 from lmsp_core.requests import extensions
 from lmsp_core.settings import Settings
-from lmsp_core.store import fairqueue, finished, keys, queue
-from lmsp_core.store.tasks import TaskRecord, TaskStore
+from lmsp_core.store import keys
+from lmsp_core.store.tasks import fairqueue, finished, queue
+from lmsp_core.store.tasks.records import TaskRecord, TaskStore
 
 logger = logging.getLogger(__name__)
 

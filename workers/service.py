@@ -19,9 +19,10 @@ from redis.exceptions import RedisError
 
 from lmsp_core import wire
 from lmsp_core.settings import Settings
-from lmsp_core.store import finished, keys, metrics, queue, registry
-from lmsp_core.store.principals import SettingsCache
-from lmsp_core.store.tasks import ClaimOutcome, TaskRecord, TaskStore
+from lmsp_core.store import keys, metrics, registry
+from lmsp_core.store.tasks import finished, queue
+from lmsp_core.store.tasks.records import ClaimOutcome, TaskRecord, TaskStore
+from lmsp_core.store.tenants.principals import SettingsCache
 from lmsp_core.wire.errors import GenerationFailed
 from workers import notices
 from workers.taskrun import ModelRuntime, TaskRun, load_history
@@ -140,7 +141,7 @@ class WorkerService:
                 self._changed.notify_all()
 
     async def _announce(self, task_id: str) -> None:
-        """Tell the API that the task ended (``lmsp_core.store.finished``); if Redis is away, the
+        """Tell the API that the task ended (``lmsp_core.store.tasks.finished``); if Redis is away, the
         reaper tells it when it drops the final task from its index."""
         try:
             await finished.announce(self.redis, [task_id])

@@ -21,17 +21,19 @@ import msgspec
 from redis.asyncio import Redis
 
 from lmsp_core import wire
-from lmsp_core.requests import extensions, grammars
+from lmsp_core.requests import grammars
 from lmsp_core.requests.catalog import ModelSpec
 from lmsp_core.requests.chat import PromptRenderer, card_digest
 from lmsp_core.requests.closing import GrammarTokenizer, closing_tokens
 from lmsp_core.requests.validation import check_output_room, check_request, output_budget
 from lmsp_core.settings import Settings
-from lmsp_core.store import eventlog, eventstore, metrics
-from lmsp_core.store.delivered import DeliveredOutput
-from lmsp_core.store.eventstore import Final
-from lmsp_core.store.tasks import TaskRecord
+from lmsp_core.store import metrics
+from lmsp_core.store.tasks import eventlog, eventstore
+from lmsp_core.store.tasks.delivered import DeliveredOutput
+from lmsp_core.store.tasks.eventstore import Final
+from lmsp_core.store.tasks.records import TaskRecord
 from lmsp_core.wire.errors import GenerationFailed, LmspError
+from lmsp_core.wire.extensions import Extensions
 from workers.engine.core import Engine, Finish, Generation
 from workers.engine.sampling import LogitsConstraint, RowSampler, SamplingParams, Scores
 from workers.output.grammar import GrammarConstraint
@@ -115,7 +117,7 @@ class TaskRun:
         self.outcome: Outcome | None = None
         self._generation_done = asyncio.Event()
         self._durable = asyncio.Event()
-        self._ext = extensions.Extensions()
+        self._ext = Extensions()
         self._pipeline: OutputPipeline | None = None  # built once, when the request has been read
         self._input_tokens = 0
         self._recorder = recorder or metrics.Recorder()
@@ -193,7 +195,7 @@ class TaskRun:
     def _prepare(self, history: History) -> tuple[list[int], int, LogitsConstraint | None]:
         """Prompt, token budget and constraint (compiling a grammar can take a while: off the event loop)."""
         spec = self.runtime.spec
-        self._ext = extensions.parse(self.request.extensions)
+        self._ext = self.request.known_extensions
         assembler = OutputAssembler(self.record.response_id, output_mode(self.request), history.items,
                                     logprobs=self._ext.logprobs is not None)
         self._pipeline = OutputPipeline(self.runtime.renderer.tokenizer, assembler, spec.reasoning, self._ext.stop)

@@ -3,7 +3,7 @@
 Runs add events and token checkpoints as tokens arrive; the writer numbers the events. A flush
 sends every task's pending batches, each as one call of the append script, all in one pipeline,
 so round trips do not grow with tokens x streams. The call, its arguments and its typed reply are
-``lmsp_core.store.eventstore``'s.
+``lmsp_core.store.tasks.eventstore``'s.
 
 Flushes come at most every ``event_flush_interval`` seconds, except where a run's first output or
 its end waits (the first token and the final event go out at once): the tokens of the steps between
@@ -39,7 +39,7 @@ from redis.exceptions import NoScriptError, RedisError
 from lmsp_core import wire
 from lmsp_core.settings import Settings
 from lmsp_core.store import cluster, connections, keys
-from lmsp_core.store.eventstore import Append, AppendOutcome, AppendReply, EventStore, Final, reply_of
+from lmsp_core.store.tasks.eventstore import Append, AppendOutcome, AppendReply, EventStore, Final, reply_of
 
 logger = logging.getLogger(__name__)
 

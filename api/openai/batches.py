@@ -23,8 +23,8 @@ from api.openai.rendering import ResponseView, response_object
 from api.openai.translation import chat_request, responses_request
 from lmsp_core import wire
 from lmsp_core.requests.catalog import Catalog
-from lmsp_core.store.batches import BatchRecord
-from lmsp_core.store.tasks import TaskRecord
+from lmsp_core.store.objects.batches import BatchRecord
+from lmsp_core.store.tasks.records import TaskRecord
 from lmsp_core.wire import ids
 from lmsp_core.wire.errors import InvalidRequest
 

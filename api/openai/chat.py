@@ -17,9 +17,8 @@ from api.openai import objects as oa
 from api.openai.errors import FailedGeneration
 from api.openai.translation import tier_of
 from lmsp_core import wire
-from lmsp_core.requests import extensions
-from lmsp_core.store.eventlog import Event
-from lmsp_core.store.tasks import TaskRecord
+from lmsp_core.store.tasks.eventlog import Event
+from lmsp_core.store.tasks.records import TaskRecord
 from lmsp_core.wire.errors import GenerationFailed
 
 ID_PREFIX = "chatcmpl-"
@@ -69,7 +68,7 @@ def completion(record: TaskRecord) -> oa.ChatCompletion:
 
 def asked_logprobs(record: TaskRecord) -> bool:
     request = msgspec.json.decode(record.request, type=wire.ResponseRequest)
-    return extensions.parse(request.extensions).logprobs is not None
+    return request.known_extensions.logprobs is not None
 
 
 def choice_logprobs(record: TaskRecord, final: wire.Response) -> oa.ChoiceLogprobs | None:

@@ -4,12 +4,12 @@
 The status and the ``code`` are those of the problem document the LMSP routes would answer
 (docs/protocol.md, "Errors"), so one table documents both; ``type`` is OpenAI's class of the
 status; ``param`` names the request parameter at fault where there is one (``null`` otherwise).
-``api.problems`` calls ``error_response`` for every error of a ``/v1`` path.
+``api.http.problems`` calls ``error_response`` for every error of a ``/v1`` path.
 """
 
 import re
 from collections.abc import Mapping
-from typing import Any, TypeVar
+from typing import Any
 
 import msgspec
 from litestar import Response
@@ -102,7 +102,6 @@ def _extension_param(exc: LmspError) -> str | None:
 
 _UNKNOWN = re.compile(r"Object contains unknown field `(?P<field>[^`]*)`")
 _MISSING = re.compile(r"Object missing required field `(?P<field>[^`]*)`")
-_AT = re.compile(r" - at `\$(?P<path>[^`]*)`$")
 
 
 def join(prefix: str, path: str) -> str:
@@ -131,25 +130,8 @@ def validation_param(message: str, key: str | None) -> tuple[str | None, str, st
     return key, "invalid_request", f"Invalid value for {key!r}: {message}."
 
 
-T = TypeVar("T")
-
-
-def converted(value: Any, type_: type[T], param: str) -> T:
-    """``msgspec.convert`` with its errors as 400s naming the parameter (``param`` is where ``value``
-    sits in the request)."""
-    try:
-        return msgspec.convert(value, type_)
-    except msgspec.ValidationError as exc:
-        message = str(exc)
-        at = _AT.search(message)
-        path = join(param, at["path"]) if at else param
-        bare = message[: at.start()] if at else message
-        where, code, text = validation_param(bare, path)
-        raise InvalidRequest(text, code=code, extra={"param": where}) from None
-
-
 async def errors_only(response: Response[Any]) -> Response[Any]:
-    """``after_request`` of the ``/v1`` routes (in place of ``api.problems.problems_only``): an error
+    """``after_request`` of the ``/v1`` routes (in place of ``api.http.problems.problems_only``): an error
     a handler answers itself rather than raises becomes an OpenAI error object."""
     status = response.status_code
     if status is None or status < 400 or response.media_type == MEDIA_TYPE:

@@ -11,7 +11,7 @@ from typing import Annotated, Literal
 import msgspec
 from litestar.datastructures import UploadFile
 
-from lmsp_core.store.files import FileRecord
+from lmsp_core.store.objects.files import FileRecord
 from lmsp_core.wire.errors import ContentTooLarge, InvalidRequest
 
 UPLOAD_PURPOSES = ("batch",)  # "batch_output" files are written by batches only

@@ -11,7 +11,7 @@ from typing import Literal
 from api.openai import objects as oa
 from api.openai.translation import echo_in
 from lmsp_core import wire
-from lmsp_core.store.conversations import StoredResponse
+from lmsp_core.store.objects.conversations import StoredResponse
 from lmsp_core.wire import ids
 from lmsp_core.wire.errors import InvalidRequest
 

@@ -18,10 +18,9 @@ import msgspec
 from api.openai import objects as oa
 from api.openai.translation import echo_of, tier_of
 from lmsp_core import wire
-from lmsp_core.requests import extensions
 from lmsp_core.requests.chat import message_text
-from lmsp_core.store.eventlog import Event
-from lmsp_core.store.tasks import TaskRecord
+from lmsp_core.store.tasks.eventlog import Event
+from lmsp_core.store.tasks.records import TaskRecord
 
 FORMAT_TEXT = oa.TextConfig(format=oa.TextFormat())
 
@@ -33,7 +32,7 @@ class ResponseView:
         self.record = record
         self.request = msgspec.json.decode(record.request, type=wire.ResponseRequest)
         self.background = record.kind == "task"
-        self.options = extensions.parse(self.request.extensions)
+        self.options = self.request.known_extensions
 
     def response(self, status: oa.ResponseStatus, output: list[oa.OutputItem], *, usage: oa.Usage | None = None,
                  error: oa.ResponseError | None = None, incomplete: oa.IncompleteDetails | None = None,
@@ -44,7 +43,7 @@ class ResponseView:
             completed_at=completed_at, model=self.record.model, output=output, usage=usage, error=error,
             incomplete_details=incomplete, instructions=self._instructions(),
             temperature=request.temperature or 0.0,
-            top_p=extensions.parse(request.extensions).top_p or 1.0,
+            top_p=request.known_extensions.top_p or 1.0,
             tool_choice=_tool_choice(request.tool_choice), tools=[_tool(tool) for tool in request.tools or ()],
             text=self._text(), max_output_tokens=request.max_output_tokens,
             previous_response_id=request.previous_response_id, background=self.background, store=request.store,

@@ -7,21 +7,26 @@ the request itself, in the private extension ``x-openai``, which workers ignore:
 only record of what was asked.
 """
 
+import re
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
+
+import msgspec
 
 from api.openai import requests as oa
-from api.openai.errors import converted, unsupported
+from api.openai.errors import join, unsupported, validation_param
 from lmsp_core import wire
-from lmsp_core.requests import extensions as ext
 from lmsp_core.requests.catalog import ModelSpec
-from lmsp_core.requests.extensions import SEED, STOP, TOP_P
 from lmsp_core.wire import Capability
+from lmsp_core.wire import extensions as ext
 from lmsp_core.wire.errors import InvalidRequest, UnsupportedCapability
+from lmsp_core.wire.extensions import SEED, STOP, TOP_P
 
 EXTENSION = "x-openai"
 JSON_OBJECT = wire.JsonSchemaSpec(name="json_object", schema={"type": "object"})
 DEFAULT_TIERS = (None, "auto", "default")
+_AT = re.compile(r" - at `\$(?P<path>[^`]*)`$")  # where in a converted value msgspec found a fault
+
 INCLUDE_LOGPROBS = "message.output_text.logprobs"
 # the queue priority of a service tier (docs/protocol.md, "Priorities"); OpenAI answers fast as priority
 TIER_PRIORITIES: dict[str, ext.Priority] = {"flex": "low", "priority": "high", "fast": "high"}
@@ -409,3 +414,20 @@ def _check_capabilities(request: wire.ResponseRequest, spec: ModelSpec, *, input
         _require(spec, "structured_output", format_param, "A JSON output format")
     if request.previous_response_id is not None:
         _require(spec, "conversations", "previous_response_id", "previous_response_id")
+
+
+T = TypeVar("T")
+
+
+def converted(value: Any, type_: type[T], param: str) -> T:
+    """``msgspec.convert`` with its errors as 400s naming the parameter (``param`` is where ``value``
+    sits in the request)."""
+    try:
+        return msgspec.convert(value, type_)
+    except msgspec.ValidationError as exc:
+        message = str(exc)
+        at = _AT.search(message)
+        path = join(param, at["path"]) if at else param
+        bare = message[: at.start()] if at else message
+        where, code, text = validation_param(bare, path)
+        raise InvalidRequest(text, code=code, extra={"param": where}) from None

@@ -18,7 +18,6 @@ from typing import Any
 import llguidance
 
 from lmsp_core import wire
-from lmsp_core.requests import extensions
 from lmsp_core.requests.catalog import ReasoningFormat
 
 CALL_OPEN = "<tool_call>"
@@ -81,7 +80,7 @@ def generation_grammar(request: wire.ResponseRequest, reasoning: ReasoningFormat
     that were not trained for tools otherwise repeat the same call until the token budget runs out.
     For a reasoning model the grammar starts with the reasoning section (free text up to the first
     end marker, then optional whitespace), so the answer's grammar applies after it only."""
-    parallel_calls = extensions.parse(request.extensions).parallel_tool_calls
+    parallel_calls = request.known_extensions.parallel_tool_calls
     if reasoning is None:
         answer = _answer_lark(request, parallel_calls, "start", after_reasoning=False)
         return None if answer is None else llguidance.LLMatcher.grammar_from_lark(answer)

@@ -8,7 +8,7 @@ import re
 from collections.abc import Sequence
 
 from lmsp_core import wire
-from lmsp_core.requests import extensions, grammars
+from lmsp_core.requests import grammars
 from lmsp_core.requests.catalog import ModelSpec
 from lmsp_core.settings import Settings
 from lmsp_core.wire.errors import ContextLengthExceeded, InvalidRequest, LimitExceeded, UnsupportedCapability
@@ -25,7 +25,7 @@ def check_request(request: wire.ResponseRequest, spec: ModelSpec,
     _check_tools(request)
     _check_calls(request.input if items is None else items)
     _check_response_format(request)
-    extensions.parse(request.extensions)
+    request.known_extensions  # noqa: B018  (decoding checks the values: 400 invalid_extension)
     if request.max_output_tokens is not None and request.max_output_tokens > spec.max_output_tokens:
         raise InvalidRequest(
             f"max_output_tokens is {request.max_output_tokens}; model {spec.id!r} allows at most "

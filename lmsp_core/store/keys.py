@@ -85,7 +85,7 @@ def queue(model_id: str) -> str:
 
 
 def fair_queue(model_id: str) -> list[str]:
-    """The keys of a model's fair share between principals (``lmsp_core.store.fairqueue``), in the
+    """The keys of a model's fair share between principals (``lmsp_core.store.tasks.fairqueue``), in the
     order its scripts take them; one hash tag per model, so that each script stays in one slot:
 
     - ``waiting``: sorted set, every score 0, member ``principal SOH queue-score SOH job``: the
@@ -160,7 +160,7 @@ def worker(worker_id: str) -> str:
     return f"{PREFIX}:{{workers}}:worker:{worker_id}"
 
 
-# --- batches (``lmsp_core.store.batches``): one hash tag per batch ----------------------------------
+# --- batches (``lmsp_core.store.objects.batches``): one hash tag per batch ----------------------------------
 
 
 def batch(batch_id: str) -> str:
@@ -198,7 +198,7 @@ def batches_due() -> str:
     return f"{PREFIX}:batches:due"
 
 
-# --- files (``lmsp_core.store.files``, OpenAI's /v1/files): one hash tag per file ---------------
+# --- files (``lmsp_core.store.objects.files``, OpenAI's /v1/files): one hash tag per file ---------------
 
 
 def file(file_id: str) -> str:
@@ -240,7 +240,7 @@ def credential_index() -> str:
 
 
 def principals() -> str:
-    """Hash: principal -> JSON of its settings (weight, quotas; ``lmsp_core.store.principals``)."""
+    """Hash: principal -> JSON of its settings (weight, quotas; ``lmsp_core.store.tenants.principals``)."""
     return f"{PREFIX}:{{auth}}:principals"
 
 
@@ -259,7 +259,7 @@ def streams(principal: str) -> str:
     return f"{PREFIX}:streams:{{principal:{principal}}}"
 
 
-# --- webhooks (``lmsp_core.store.webhooks``) ------------------------------------------------------
+# --- webhooks (``lmsp_core.store.objects.webhooks``) ------------------------------------------------------
 # Their keys share the hash tag ``{webhooks}`` so that creating a delivery (its record, its
 # endpoint's list and the due index) is one script on Redis Cluster too. Endpoints are few and
 # deliveries small; one slot is fine.

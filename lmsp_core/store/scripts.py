@@ -13,7 +13,11 @@ of unfinished tasks does (INDEX_ADD, INDEX_TAKE: ``batches.BatchStore``, ``webho
 """
 
 from lmsp_core import wire
-from lmsp_core.store.eventlog import CODES
+
+# one-letter codes of the events a task's log holds, as the scripts and ``tasks.eventlog`` store
+# them; any other name is stored as it is (names with a dot never collide with a code)
+CODES = {wire.CREATED: "c", wire.ITEM_ADDED: "a", wire.TEXT_DELTA: "d", wire.REASONING_DELTA: "r",
+         wire.ITEM_DONE: "o", wire.COMPLETED: "C", wire.INCOMPLETE: "I", wire.FAILED: "F", wire.CANCELLED: "X"}
 
 _NOW_MS = """
 local t = redis.call('TIME')

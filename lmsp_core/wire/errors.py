@@ -22,7 +22,7 @@ events; only the API turns errors into HTTP responses.
 
 from typing import Any, ClassVar
 
-from lmsp_core.wire import Problem
+from lmsp_core.wire.responses import Problem
 
 PROBLEM_TYPE_PREFIX = "urn:lmsp:problem:"
 PROBLEM_MEDIA_TYPE = "application/problem+json"  # RFC 9457: every LMSP error body

@@ -10,11 +10,11 @@ import msgspec
 import pytest
 import redis.asyncio as aioredis
 
-from api.app import create_app
-from api.auth import check_exposure
+from api.http.app import create_app
+from api.http.auth import check_exposure
 from lmsp.up import auth_for_up
 from lmsp_core.settings import Settings
-from lmsp_core.store import credentials
+from lmsp_core.store.tenants import credentials
 from lmsp_core.wire.errors import InvalidRequest
 from tests.backends import backend, client, eager_worker, make_token, redis, redis_settings, secure, served  # noqa: F401 (fixtures: both deployments)
 from tests.support import (

@@ -20,8 +20,8 @@ from lmsp.up import needs_local_redis
 from lmsp_core.requests.catalog import SMOLLM2
 from lmsp_core.requests.modelfiles import package_file
 from lmsp_core.settings import Settings
-from lmsp_core.store import principals
-from lmsp_core.store.principals import PrincipalSettings
+from lmsp_core.store.tenants import principals
+from lmsp_core.store.tenants.principals import PrincipalSettings
 from tests.support import ROOT, RedisServer, body, free_port, service_env, wait_port
 
 

@@ -2,7 +2,7 @@
 
 import httpx
 
-from api.app import cors_config
+from api.http.app import cors_config
 from lmsp_core.settings import Settings
 from tests.support import SECURE_CORS_ORIGIN, TokenFactory, bearer
 

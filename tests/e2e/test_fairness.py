@@ -15,8 +15,9 @@ import pytest
 import pytest_asyncio
 import redis.asyncio as aioredis
 
-from lmsp_core.store import keys, metrics, principals
-from lmsp_core.store.principals import PrincipalSettings
+from lmsp_core.store import keys, metrics
+from lmsp_core.store.tenants import principals
+from lmsp_core.store.tenants.principals import PrincipalSettings
 from tests.support import Api, RedisServer, TokenFactory, Worker, assert_problem, bearer, body, running, wait_for
 
 MODEL = "tiny-fair"

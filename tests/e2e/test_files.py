@@ -12,7 +12,7 @@ import redis.asyncio as aioredis
 
 from lmsp_core.settings import Settings
 from lmsp_core.store import keys
-from lmsp_core.store.files import CHUNK_BYTES, FileStore
+from lmsp_core.store.objects.files import CHUNK_BYTES, FileStore
 from tests.support import Api, RedisServer, TokenFactory
 
 SMALL_MAX_BYTES = 4096

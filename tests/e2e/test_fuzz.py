@@ -17,7 +17,7 @@ import redis.asyncio as aioredis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lmsp_core.store import credentials as store
+from lmsp_core.store.tenants import credentials as store
 from tests.support import PROBLEM, Api, RedisServer, Worker
 
 FUZZ = settings(max_examples=150, deadline=None, database=None, print_blob=True,

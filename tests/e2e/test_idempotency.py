@@ -8,7 +8,8 @@ from typing import Any
 import httpx
 import redis.asyncio as aioredis
 
-from lmsp_core.store import keys, queue
+from lmsp_core.store import keys
+from lmsp_core.store.tasks import queue
 from tests.backends import backend, client, eager_worker, make_token, redis, redis_settings, secure, served  # noqa: F401 (fixtures: both deployments)
 from tests.support import TokenFactory, assert_problem, bearer, body, collect, tasks_of
 

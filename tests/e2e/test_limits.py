@@ -11,7 +11,7 @@ import pytest_asyncio
 import redis.asyncio as aioredis
 
 from lmsp_core.settings import TOKENS_MAX_STREAMS, TOKENS_RATE_LIMIT, Settings
-from lmsp_core.store import queue
+from lmsp_core.store.tasks import queue
 from tests.support import Api, RedisServer, TokenFactory, Worker, assert_problem, bearer, body, tasks_of, user_input
 
 

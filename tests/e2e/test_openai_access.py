@@ -10,8 +10,8 @@ import pytest
 import pytest_asyncio
 from openapi_spec_validator import validate
 
-from api.app import OPENAI_SDK_HEADERS
-from lmsp_core.store import credentials
+from api.http.app import OPENAI_SDK_HEADERS
+from lmsp_core.store.tenants import credentials
 from tests.support import OPENAI_ROUTES, SECURE_CORS_ORIGIN, Api, TokenFactory, Worker, bearer
 
 MODEL = "tiny-random"

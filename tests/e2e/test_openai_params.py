@@ -19,7 +19,8 @@ import redis.asyncio as aioredis
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from openai.types.responses import Response, ResponseItem
 
-from lmsp_core.store import keys, queue
+from lmsp_core.store import keys
+from lmsp_core.store.tasks import queue
 from tests.support import Api, Worker, assert_problem, body
 
 MODEL = "tiny-random"

@@ -22,8 +22,8 @@ from litestar.serialization import encode_json
 from schemathesis.config import SchemathesisConfig
 from schemathesis.core.failures import FailureGroup
 
-from api import openapi as doc
-from api.app import create_app
+from api.http.app import create_app
+from api.http.openapi import document as doc
 from lmsp_core.settings import Settings
 from tests.support import Api, RedisServer, Worker, tiny_spec
 

@@ -15,8 +15,8 @@ import pytest_asyncio
 import redis.asyncio as aioredis
 
 from lmsp_core.settings import load_settings
-from lmsp_core.store import queue
-from lmsp_core.store.tasks import TaskRecord, TaskStore
+from lmsp_core.store.tasks import queue
+from lmsp_core.store.tasks.records import TaskRecord, TaskStore
 from tests.support import Api, Worker, body, sse_events
 
 MODEL = "tiny-serial"

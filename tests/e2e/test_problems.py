@@ -3,7 +3,7 @@
 import httpx
 import redis.asyncio as aioredis
 
-from api.version import HEADER as VERSION_HEADER
+from api.http.version import HEADER as VERSION_HEADER
 from lmsp_core.store import keys
 from tests.support import Api, TokenFactory, assert_problem, bearer, body
 

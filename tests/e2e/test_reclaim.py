@@ -23,8 +23,9 @@ import pytest_asyncio
 
 from lmsp_core import wire
 from lmsp_core.settings import load_settings
-from lmsp_core.store import keys, queue
-from lmsp_core.store.tasks import TaskRecord, TaskStore
+from lmsp_core.store import keys
+from lmsp_core.store.tasks import queue
+from lmsp_core.store.tasks.records import TaskRecord, TaskStore
 from lmsp_core.wire import ids
 from tests.faults import Group, assert_exactly_once, text_of
 from tests.support import Api, RedisServer, SseEvent, Worker, body, logged, sse_events, wait_for

@@ -10,7 +10,8 @@ import redis.asyncio as aioredis
 
 from lmsp_core import wire
 from lmsp_core.requests.chat import PromptRenderer
-from lmsp_core.store import eventlog, keys, registry
+from lmsp_core.store import keys, registry
+from lmsp_core.store.tasks import eventlog
 from tests.backends import backend, client, eager_worker, make_token, redis, redis_settings, secure, served  # noqa: F401 (fixtures: both deployments)
 from tests.support import body, collect, final_status, user_input
 

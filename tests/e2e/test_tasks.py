@@ -262,7 +262,7 @@ async def test_a_finished_log_is_stored_compactly_and_replays_whole(client: http
 
 
 def test_stored_form_of_events_round_trips() -> None:
-    from lmsp_core.store import eventlog
+    from lmsp_core.store.tasks import eventlog
 
     rid = "resp_01J8M6Q4W2T7N5R3V9X1Z8B0DF"
     cases = [

@@ -20,7 +20,7 @@ import openai
 import pytest
 import pytest_asyncio
 
-from lmsp_core.store import credentials
+from lmsp_core.store.tenants import credentials
 from tests.support import (
     ROOT,
     Api,

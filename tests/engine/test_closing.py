@@ -226,7 +226,7 @@ def test_the_api_reads_cards_without_torch() -> None:
     import subprocess
     import sys
 
-    script = ("import sys; from pathlib import Path; import api.app; from lmsp_core.requests import modelfiles; "
+    script = ("import sys; from pathlib import Path; import api.http.app; from lmsp_core.requests import modelfiles; "
               "from lmsp_core.requests.catalog import SMOLLM2; "
               "assert modelfiles.card_from_files(SMOLLM2, Path('/nonexistent')) is not None; "
               "assert 'torch' not in sys.modules and 'transformers' not in sys.modules")

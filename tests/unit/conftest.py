@@ -4,8 +4,8 @@ import pytest
 import redis.asyncio as aioredis
 
 from lmsp_core.settings import Settings
-from lmsp_core.store.eventstore import EventStore
-from lmsp_core.store.tasks import TaskStore
+from lmsp_core.store.tasks.eventstore import EventStore
+from lmsp_core.store.tasks.records import TaskStore
 from tests.support import RedisServer
 from tests.unit.tasks import model_id
 

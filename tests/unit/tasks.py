@@ -11,8 +11,8 @@ import redis.asyncio as aioredis
 
 from lmsp_core import wire
 from lmsp_core.store import keys
-from lmsp_core.store.eventstore import Append, AppendReply, EventStore
-from lmsp_core.store.tasks import Claim, ClaimOutcome, TaskRecord, TaskStore
+from lmsp_core.store.tasks.eventstore import Append, AppendReply, EventStore
+from lmsp_core.store.tasks.records import Claim, ClaimOutcome, TaskRecord, TaskStore
 from lmsp_core.wire import ids
 from tests.support import user_input
 

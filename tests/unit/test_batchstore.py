@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 import pytest_asyncio
 import redis.asyncio as aioredis
 
-from lmsp_core.store.batches import BatchRecord, BatchStore
+from lmsp_core.store.objects.batches import BatchRecord, BatchStore
 from tests.support import RedisServer
 
 

@@ -35,8 +35,9 @@ def test_the_base_install_needs_none_of_the_service_packages() -> None:
 
 
 def test_the_client_and_its_commands_import_without_them() -> None:
-    result = without_service("import lmsp.client, lmsp.cli, lmsp.commands.chat, lmsp.commands.run, "
-                             "lmsp.commands.tasks, lmsp.commands.batches, lmsp.commands.models\nprint('imported')")
+    result = without_service("import lmsp.client, lmsp.cli, lmsp.clientcommands.chat, lmsp.clientcommands.run, "
+                             "lmsp.clientcommands.tasks, lmsp.clientcommands.batches, lmsp.clientcommands.models\n"
+                             "print('imported')")
     assert result.returncode == 0 and "imported" in result.stdout, result.stderr
 
 

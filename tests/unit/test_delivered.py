@@ -1,4 +1,4 @@
-"""What a stream delivered, as the output of a response that failed mid-stream (lmsp_core.store.delivered).
+"""What a stream delivered, as the output of a response that failed mid-stream (lmsp_core.store.tasks.delivered).
 The end-to-end checks fail real generations: tests/e2e/test_outages.py (time limit) and
 tests/e2e/test_reclaim.py (workers lost)."""
 
@@ -7,9 +7,9 @@ from typing import Any
 import msgspec
 
 from lmsp_core import wire
-from lmsp_core.store import eventlog
-from lmsp_core.store.delivered import DeliveredOutput
-from lmsp_core.store.eventlog import Event
+from lmsp_core.store.tasks import eventlog
+from lmsp_core.store.tasks.delivered import DeliveredOutput
+from lmsp_core.store.tasks.eventlog import Event
 from workers.writer import joined
 
 RID = "resp_01J8M6Q4W2T7N5R3V9X1Z8B0DF"

@@ -6,9 +6,10 @@ import redis.asyncio as aioredis
 
 from lmsp_core import wire
 from lmsp_core.settings import Settings
-from lmsp_core.store import eventlog, keys
-from lmsp_core.store.eventstore import Append, AppendOutcome, EventStore, Final, read_tokens
-from lmsp_core.store.tasks import CancelOutcome, ClaimOutcome, TaskStore
+from lmsp_core.store import keys
+from lmsp_core.store.tasks import eventlog
+from lmsp_core.store.tasks.eventstore import Append, AppendOutcome, EventStore, Final, read_tokens
+from lmsp_core.store.tasks.records import CancelOutcome, ClaimOutcome, TaskStore
 from tests.unit.tasks import append, claim, claimed, deltas, lapse, new_task
 
 

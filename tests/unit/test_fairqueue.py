@@ -7,8 +7,8 @@ from datetime import UTC, datetime, timedelta
 import redis.asyncio as aioredis
 
 from lmsp_core.store import keys
-from lmsp_core.store.fairqueue import FairQueue
-from lmsp_core.store.principals import PrincipalSettings
+from lmsp_core.store.tasks.fairqueue import FairQueue
+from lmsp_core.store.tenants.principals import PrincipalSettings
 
 LEASE_MS = 10_000
 T0 = datetime(2026, 1, 1, tzinfo=UTC)

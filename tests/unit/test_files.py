@@ -1,4 +1,4 @@
-"""The file store (``lmsp_core.store.files``) against the real redis-server: chunks, expiry, owners,
+"""The file store (``lmsp_core.store.objects.files``) against the real redis-server: chunks, expiry, owners,
 an explicit id written once, listing."""
 
 import asyncio
@@ -10,7 +10,7 @@ import redis.asyncio as aioredis
 
 from lmsp_core.settings import Settings
 from lmsp_core.store import keys
-from lmsp_core.store.files import CHUNK_BYTES, FileStore
+from lmsp_core.store.objects.files import CHUNK_BYTES, FileStore
 from lmsp_core.wire import ids
 from lmsp_core.wire.errors import NotFound
 

@@ -10,10 +10,11 @@ import msgspec
 import pytest
 import redis.asyncio as aioredis
 
-from api.hub import EventHub
+from api.eventhub import EventHub
 from lmsp_core import wire
-from lmsp_core.store import eventlog, keys
-from lmsp_core.store.tasks import TaskRecord
+from lmsp_core.store import keys
+from lmsp_core.store.tasks import eventlog
+from lmsp_core.store.tasks.records import TaskRecord
 from lmsp_core.wire import ids
 
 HEARTBEAT = 0.05

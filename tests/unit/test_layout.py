@@ -116,6 +116,32 @@ def test_http_and_generation_stay_apart() -> None:
     assert offenders(("lmsp_core",), ("api", "workers", "lmsp", "torch", "litestar"), top_level_only=False) == []
 
 
+def test_the_api_rooms_import_downward() -> None:
+    """HTTP on top; following, submission and the background loops under it; the process's shared
+    parts and the OpenAI adapter under them (docs/codemap.md)."""
+    rooms = ("api.http", "api.follow", "api.submission", "api.background")
+    shared = ("api.process", "api.eventhub", "api.limits", "api.metrics", "api.modeltext", "api.openai")
+    below_http = (*rooms[1:], *shared, "api.storedresponses")
+    assert offenders(below_http, ("api.http", "api.server"), top_level_only=False) == []
+    assert offenders(("api.submission", *shared), ("api.follow", "api.background"), top_level_only=False) == []
+    assert offenders(shared, ("api.submission", "api.storedresponses"), top_level_only=False) == []
+
+
+def test_the_api_and_the_store_keep_their_modules_in_rooms() -> None:
+    """At most ten modules at the top of each; the rest in rooms whose names say what is there."""
+    for package in ("api", "lmsp_core/store"):
+        assert len(list((ROOT / package).glob("*.py"))) <= 10, package
+
+
+def test_routes_leave_redis_to_the_stores() -> None:
+    assert offenders(("api.http.routes",), ("lmsp_core.store.connections", "lmsp_core.store.keys"),
+                     top_level_only=False) == []
+
+
+def test_the_wire_types_import_no_store_and_no_request_checks() -> None:
+    assert offenders(("lmsp_core.wire",), ("lmsp_core.store", "lmsp_core.requests"), top_level_only=False) == []
+
+
 def test_the_client_package_does_not_pull_in_the_server() -> None:
     assert offenders(("lmsp",), ("api", "workers", "torch", "litestar"), top_level_only=True) == []
 

@@ -9,9 +9,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from api.metrics import OTHER, ApiMetrics, service_state
 from lmsp_core.requests.catalog import Catalog, ModelSpec
 from lmsp_core.settings import Settings
-from lmsp_core.store import keys, metrics, principals
-from lmsp_core.store.fairqueue import FairQueue
-from lmsp_core.store.principals import PrincipalSettings
+from lmsp_core.store import keys, metrics
+from lmsp_core.store.tasks.fairqueue import FairQueue
+from lmsp_core.store.tenants import principals
+from lmsp_core.store.tenants.principals import PrincipalSettings
 
 CAP = 3
 T0 = datetime(2026, 1, 1, tzinfo=UTC)

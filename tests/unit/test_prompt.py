@@ -5,8 +5,8 @@ worker uses them only if its own card is that one (else it renders and checks th
 import msgspec
 
 from lmsp_core import wire
-from lmsp_core.store.eventstore import pack_tokens
-from lmsp_core.store.tasks import TaskRecord, TaskStore
+from lmsp_core.store.tasks.eventstore import pack_tokens
+from lmsp_core.store.tasks.records import TaskRecord, TaskStore
 from lmsp_core.wire import ids
 from tests.unit.tasks import new_task
 

@@ -5,8 +5,9 @@ import redis.asyncio as aioredis
 from arq.connections import ArqRedis
 
 from lmsp_core.settings import Settings
-from lmsp_core.store import connections, keys, queue
-from lmsp_core.store.tasks import TaskStore
+from lmsp_core.store import connections, keys
+from lmsp_core.store.tasks import queue
+from lmsp_core.store.tasks.records import TaskStore
 from tests.unit.tasks import claimed, lapse, new_task
 from workers.reaper import Reaper
 

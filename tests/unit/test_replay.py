@@ -6,9 +6,9 @@ import redis.asyncio as aioredis
 
 from lmsp_core import wire
 from lmsp_core.settings import Settings
-from lmsp_core.store import eventlog
-from lmsp_core.store.eventstore import read_tokens
-from lmsp_core.store.tasks import TaskRecord, TaskStore
+from lmsp_core.store.tasks import eventlog
+from lmsp_core.store.tasks.eventstore import read_tokens
+from lmsp_core.store.tasks.records import TaskRecord, TaskStore
 from tests.unit.tasks import Run, claimed, delta, lapse, new_task
 from workers.taskrun import History, load_history
 from workers.writer import EventWriter

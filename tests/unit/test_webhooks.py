@@ -14,13 +14,15 @@ import pytest
 import pytest_asyncio
 import redis.asyncio as aioredis
 
-from api.webhooks import signing, targets
-from api.webhooks.consumer import FinishedConsumer, TaskEnd, task_end, task_events
-from api.webhooks.sender import Sender
+from api.background.webhooks import signing, targets
+from api.background.webhooks.consumer import FinishedConsumer, TaskEnd, task_end, task_events
+from api.background.webhooks.sender import Sender
 from lmsp_core import wire
+from lmsp_core.requests import webhooks as checks
 from lmsp_core.settings import Settings
-from lmsp_core.store import keys, webhooks
-from lmsp_core.store.tasks import TaskRecord, TaskStore
+from lmsp_core.store import keys
+from lmsp_core.store.objects import webhooks
+from lmsp_core.store.tasks.records import TaskRecord, TaskStore
 from lmsp_core.wire import ids
 from lmsp_core.wire.errors import InvalidRequest
 from lmsp_core.wire.webhooks import WebhookAttempt, WebhookEvent
@@ -112,16 +114,16 @@ async def test_a_target_is_resolved_and_checked() -> None:
                                  "http://example.org:99999/", "https://bücher.example/", "http://" + "a" * 2050])
 def test_malformed_urls_are_refused(url: str) -> None:
     with pytest.raises(InvalidRequest) as refused:
-        webhooks.check_url(url)
+        checks.check_url(url)
     assert refused.value.code == "invalid_webhook_url"
 
 
 def test_event_types_are_checked() -> None:
-    assert webhooks.check_events(["task.failed", "batch.completed", "task.failed"]) == ["task.failed",
+    assert checks.check_events(["task.failed", "batch.completed", "task.failed"]) == ["task.failed",
                                                                                          "batch.completed"]
     for unknown in ("response.done", "webhook.test", ""):
         with pytest.raises(InvalidRequest) as refused:
-            webhooks.check_events(["task.failed", unknown])
+            checks.check_events(["task.failed", unknown])
         assert refused.value.code == "unknown_event_type"
 
 

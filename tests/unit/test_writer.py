@@ -9,9 +9,10 @@ import redis.asyncio as aioredis
 
 from lmsp_core import wire
 from lmsp_core.settings import Settings
-from lmsp_core.store import eventlog, keys
-from lmsp_core.store.eventstore import Final, read_tokens
-from lmsp_core.store.tasks import CancelOutcome, TaskRecord, TaskStore
+from lmsp_core.store import keys
+from lmsp_core.store.tasks import eventlog
+from lmsp_core.store.tasks.eventstore import Final, read_tokens
+from lmsp_core.store.tasks.records import CancelOutcome, TaskRecord, TaskStore
 from tests.unit.tasks import Run, claimed, delta, lapse, new_task
 from workers.writer import EventWriter
 

@@ -1,0 +1,3 @@
+"""The OpenAPI document in one place: the LMSP routes' examples and problems (``document``), event
+streams described for OpenAPI (``eventstreams``), the ``/v1`` routes' examples (``openai``) and
+their bodies' schemas (``openaibodies``)."""

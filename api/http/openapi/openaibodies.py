@@ -1,0 +1,90 @@
+"""What the ``/v1`` request bodies accept, for the OpenAPI document, where their types alone say
+less: input items and chat messages are decoded item by item (``api.openai.translation``), so
+their fields are ``dict``s to msgspec and their schemas are written here from the item types and
+the rules the translation checks."""
+
+from typing import Any
+
+from api.http.openapi.eventstreams import JsonSchema, json_schema
+from api.http.strictbodies import StructDoc
+from api.openai import requests as rq
+from api.openai.translation import MAX_SAFETY_IDENTIFIER, MAX_USER, TEXT_TYPES
+from lmsp_core import wire
+from lmsp_core.wire import extensions as ext
+
+NULL: JsonSchema = {"type": "null"}
+EMPTY: JsonSchema = {"anyOf": [{"type": "array", "maxItems": 0}, NULL]}  # echoed back, must be empty
+TOOL_NAME: JsonSchema = json_schema(wire.ToolName)
+FORMAT_NAME: JsonSchema = json_schema(wire.JsonSchemaSpec)["properties"]["name"]
+DESCRIPTION: JsonSchema = {"anyOf": [json_schema(wire.FunctionTool)["properties"]["description"], NULL]}
+
+
+def _with(kind: Any, **properties: JsonSchema) -> JsonSchema:
+    """The JSON Schema of ``kind`` with some of its properties' schemas replaced."""
+    schema = json_schema(kind)
+    schema["properties"] = {**schema["properties"], **properties}
+    return schema
+
+
+TEXT_PART = _with(rq.ContentPart, type={"enum": list(TEXT_TYPES)}, text={"type": "string"}, annotations=EMPTY)
+TEXT_PART["required"] = ["type", "text"]
+TEXT: JsonSchema = {"anyOf": [{"type": "string"}, {"type": "array", "items": TEXT_PART}]}
+
+INPUT_ITEMS: list[JsonSchema] = [
+    _with(rq.MessageItem, content=TEXT),
+    _with(rq.FunctionCallItem, name=TOOL_NAME),
+    _with(rq.FunctionCallOutputItem, output=TEXT),
+    _with(rq.ReasoningItem, content=EMPTY),
+]
+
+_CALL = _with(rq.ToolCall, function=_with(rq.ToolCallFunction, name=TOOL_NAME))
+CHAT_MESSAGE = _with(rq.ChatMessage, content={"anyOf": [*TEXT["anyOf"], NULL]}, annotations=EMPTY,
+                     tool_calls={"anyOf": [{"type": "array", "items": _CALL}, NULL]})
+CHAT_MESSAGE["allOf"] = [
+    # tool_calls and reasoning_content only in an assistant message, which alone may lack content
+    {"if": {"properties": {"role": {"const": "assistant"}}},
+     "else": {"required": ["content"], "properties": {"content": {"not": NULL}, "tool_calls": NULL,
+                                                      "reasoning_content": NULL}}},
+    # tool_call_id in a tool message, and only there
+    {"if": {"properties": {"role": {"const": "tool"}}},
+     "then": {"required": ["tool_call_id"], "properties": {"tool_call_id": {"type": "string"}}},
+     "else": {"properties": {"tool_call_id": NULL}}},
+]
+
+
+def _bounded(limit: int) -> JsonSchema:
+    return {"anyOf": [{"type": "string", "maxLength": limit}, NULL]}
+
+
+# the limits the translation checks itself, to answer with OpenAI's codes (string_above_max_length, ...)
+CLIENT_OPTIONS: dict[str, JsonSchema] = {
+    "metadata": {"anyOf": [{"type": "object", "maxProperties": ext.MAX_METADATA_PAIRS,
+                            "propertyNames": {"maxLength": ext.MAX_METADATA_KEY},
+                            "additionalProperties": {"type": "string", "maxLength": ext.MAX_METADATA_VALUE}}, NULL]},
+    "prompt_cache_key": _bounded(ext.MAX_PROMPT_CACHE_KEY),
+    "safety_identifier": _bounded(MAX_SAFETY_IDENTIFIER),
+    "user": _bounded(MAX_USER),
+}
+
+BODIES: dict[type, StructDoc] = {
+    rq.ResponsesRequest: StructDoc(fields={
+        "input": {"anyOf": [{"type": "string"}, {"type": "array", "minItems": 1, "items": {"anyOf": INPUT_ITEMS}}]},
+        **CLIENT_OPTIONS,
+    }),
+    rq.ChatRequest: StructDoc(fields={
+        "messages": {"type": "array", "minItems": 1, "items": CHAT_MESSAGE},
+        **CLIENT_OPTIONS,
+    }, rules=[
+        {"not": {"required": ["max_tokens", "max_completion_tokens"],
+                 "properties": {"max_tokens": {"type": "integer"}, "max_completion_tokens": {"type": "integer"}}}},
+        {"if": {"required": ["stream_options"], "properties": {"stream_options": {"type": "object"}}},
+         "then": {"required": ["stream"], "properties": {"stream": {"const": True}}}},
+    ]),
+    # names and descriptions become the service's own (wire) tools and formats, with their constraints
+    rq.FunctionTool: StructDoc(fields={"name": TOOL_NAME, "description": DESCRIPTION}),
+    rq.FunctionDefinition: StructDoc(fields={"name": TOOL_NAME, "description": DESCRIPTION}),
+    rq.NamedFunction: StructDoc(fields={"name": TOOL_NAME}),
+    rq.ChatNamedFunction: StructDoc(fields={"name": TOOL_NAME}),
+    rq.JsonSchemaFormat: StructDoc(fields={"name": FORMAT_NAME}),
+    rq.ChatJsonSchema: StructDoc(fields={"name": FORMAT_NAME}),
+}

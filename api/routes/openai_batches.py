@@ -17,6 +17,7 @@ from api.openai import PREFIX, docs
 from api.openai import batches as ob
 from api.openai.errors import errors_only
 from api.services import Services
+from lmsp_core import tracing
 from lmsp_core.store import credentials
 from lmsp_core.store.batches import BatchRecord, BatchStore
 from lmsp_core.store.credentials import Identity
@@ -61,7 +62,8 @@ class OpenAIBatchesController(Controller):
         record = BatchRecord(id=ids.new_id(ids.BATCH), owner=identity.principal, endpoint=data.endpoint,
                              input_file_id=data.input_file_id, completion_window=data.completion_window,
                              status="validating", created_at=now, expires_at=now + window,
-                             metadata=msgspec.json.encode(data.metadata).decode() if data.metadata else None)
+                             metadata=msgspec.json.encode(data.metadata).decode() if data.metadata else None,
+                             trace=tracing.current().traceparent)
         await _store(services).create(record)
         return _json(ob.batch_object(record))
 

@@ -19,6 +19,7 @@ from prometheus_client import CollectorRegistry, Gauge, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 from redis.asyncio import Redis
+from redis.exceptions import RedisError
 
 from lmsp_core.requests.catalog import Catalog
 from lmsp_core.settings import Settings
@@ -189,11 +190,23 @@ class ApiMetrics:
         self._lock = asyncio.Lock()
 
     async def render(self, redis: Redis, catalog: Catalog, settings: Settings) -> bytes:
-        stored = await metrics.load(redis)
-        state = await service_state(redis, catalog, settings, stored)
+        """The service-wide series read from Redis; with Redis unreachable, only this process's and
+        ``lmsp_redis_up 0`` (the alert rules' "Redis away")."""
+        try:
+            stored = await metrics.load(redis)
+            state = await service_state(redis, catalog, settings, stored)
+        except (RedisError, OSError):
+            families = [_redis_up(False)]
+        else:
+            families = [_redis_up(True), *_state_families(state), *_stored_families(stored)]
         async with self._lock:
-            self._snapshot.families = [*_state_families(state), *_stored_families(stored)]
+            self._snapshot.families = families
             return generate_latest(self.registry)
+
+
+def _redis_up(up: bool) -> Metric:
+    return GaugeMetricFamily(PREFIX + "redis_up", "1 when this API process read the service's state from Redis for "
+                             "this scrape, 0 when Redis was unreachable.", value=1 if up else 0)
 
 
 def _state_families(state: ServiceState) -> list[Metric]:

@@ -137,9 +137,11 @@ _state = _Tracing()
 _current: contextvars.ContextVar[Span] = contextvars.ContextVar("lmsp_span", default=NOOP)
 
 
-def setup(default_service: str, env: Mapping[str, str] = os.environ) -> bool:
+def setup(default_service: str) -> bool:
     """Start exporting spans when the environment asks for it (once a process); returns whether it
-    does. ``default_service``: ``service.name`` unless ``OTEL_SERVICE_NAME`` names one."""
+    does. ``default_service``: ``service.name`` unless ``OTEL_SERVICE_NAME`` names one. The SDK reads
+    the rest of its variables from the environment itself."""
+    env = os.environ
     if _state.tracer is not None or not wanted(env):
         return _state.tracer is not None
     exporter = _exporter(env)

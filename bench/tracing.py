@@ -10,6 +10,12 @@ of ``--tokens`` tokens and each sent with a client's ``traceparent`` (also with 
 client is the same), and reads the API's and the worker's CPU time (``/proc``) around them. Prints
 the medians of ``--rounds`` rounds, on against off.
 
+On a shared machine those CPU figures move by more than tracing could cost: so the command also
+measures the spans themselves, in a process of their own (``--span-cost``) that makes ``--span-tasks``
+tasks' spans as the API and a worker do (the request's span, queue wait, the run, prefill, decode,
+end) with the SDK exporting them to the receiver; its CPU time a task, over the tokens of a stream,
+against the CPU a token of the stack with tracing off, is tracing's share a token.
+
     python -m bench.tracing [--model smollm2:135m-instruct] [--tokens 128] [--streams 8] [--rounds 3]
                             [--json FILE]
     python -m bench.tracing --quick: a smoke test (tiny-random, one round of two streams)
@@ -22,8 +28,10 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import secrets
 import statistics
+import subprocess
 import sys
 import threading
 import time
@@ -39,7 +47,7 @@ from bench.fairshare import host, rounded
 from bench.report import Table, prompt_text, ratio, user_input
 from bench.sse import HOST, SseStream
 from bench.stack import Stack, cpu_seconds
-from lmsp_core import wire
+from lmsp_core import tracing, wire
 from lmsp_core.ports import free_port
 from lmsp_core.requests.catalog import Catalog
 from lmsp_core.settings import load_settings
@@ -145,6 +153,41 @@ async def measure(args: argparse.Namespace, spec: dict[str, Any], mode: str) -> 
     return run
 
 
+def span_cost(tasks: int) -> float:
+    """CPU seconds a task's spans cost (this process: ``OTEL_EXPORTER_OTLP_ENDPOINT`` names a receiver
+    elsewhere), their export included."""
+    assert tracing.setup("lmsp-bench"), "no OTEL_EXPORTER_OTLP_ENDPOINT"
+    started = time.process_time()
+    for number in range(tasks):
+        client = f"00-{secrets.token_hex(16)}-{secrets.token_hex(8)}-01"
+        request = tracing.start("POST /lmsp/v1/responses", client, kind="server", attributes={
+            "http.request.method": "POST", "http.route": "/lmsp/v1/responses", "url.path": "/lmsp/v1/responses"})
+        request.set({"gen_ai.request.model": "m", "gen_ai.response.id": f"resp_{number}", "lmsp.task.id": "t"})
+        now = time.time()
+        run = tracing.RunTrace(request.traceparent, model="m", task_id=f"task_{number}", response_id=f"resp_{number}",
+                               attempt=1, worker="w", created_at=now, claimed_at=now)
+        run.prefill(40, 0)
+        run.first_token()
+        run.generation_ended("length")
+        run.close("incomplete", 256)
+        request.set({"http.response.status_code": 200})
+        request.end()
+    tracing.shutdown()  # every span exported
+    return (time.process_time() - started) / tasks
+
+
+def measure_span_cost(tasks: int) -> tuple[float, int]:
+    """``span_cost`` in a process of its own: (CPU seconds a task, spans received)."""
+    sink = SpanSink()
+    try:
+        env = {**os.environ, "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{sink.port}"}
+        result = subprocess.run([sys.executable, "-m", "bench.tracing", "--span-cost", str(tasks)], env=env,
+                                capture_output=True, text=True, check=True)
+    finally:
+        sink.close()
+    return float(result.stdout.strip()), sink.spans
+
+
 def report(table: Table, runs: list[Run]) -> None:
     on = [run for run in runs if run.mode == "on"]
     off = [run for run in runs if run.mode == "off"]
@@ -163,6 +206,16 @@ def report(table: Table, runs: list[Run]) -> None:
     table.add("  spans received a stream (on)", f"{median(on, 'spans') / (len(on[0].streams) + 1):.1f}")
 
 
+def report_span_cost(table: Table, runs: list[Run], seconds: float, tokens: int) -> None:
+    """The spans' own CPU a task, spread over a stream's tokens, against a token's CPU with tracing off."""
+    off = [run for run in runs if run.mode == "off"]
+    token = statistics.median(run.cpu_us_per_token["api"] + run.cpu_us_per_token["worker"] for run in off)
+    share = seconds * 1e6 / tokens
+    table.add("spans' CPU a task (in process, exported)", f"{seconds * 1e6:.0f} us")
+    table.add(f"  a token of a {tokens}-token stream, share of its CPU off", f"{share:.2f} us",
+              f"{token:.0f} us off", f"{share / token:.4f}" if token else "-", "<= 0.05")
+
+
 async def main(args: argparse.Namespace) -> None:
     spec = msgspec.to_builtins(Catalog.from_settings(load_settings()).get(args.model))
     table = Table()
@@ -173,14 +226,18 @@ async def main(args: argparse.Namespace) -> None:
     for number in range(args.rounds):
         for mode in MODES if number % 2 == 0 else MODES[::-1]:
             runs.append(await measure(args, spec, mode))
+    cost, spans = measure_span_cost(args.span_tasks)
+    print(f"  spans alone: {cost * 1e6:.0f} us of CPU a task ({spans} spans received)", flush=True)
     report(table, runs)
+    report_span_cost(table, runs, cost, args.tokens)
     seconds = time.perf_counter() - started
     print(f"{seconds:.0f} s in all")
     print()
     print(table.render())
     if args.json:
         figures = {**host(), "command": " ".join(["python -m bench.tracing", *sys.argv[1:]]), "model": spec["id"],
-                   **{name: getattr(args, name) for name in ("streams", "tokens", "rounds")},
+                   **{name: getattr(args, name) for name in ("streams", "tokens", "rounds", "span_tasks")},
+                   "span_cpu_us_a_task": cost * 1e6, "spans_received_in_span_cost": spans,
                    "run_seconds": round(seconds),
                    "table": [dict(zip(("measure", "on", "off", "ratio", "target"), row, strict=True))
                              for row in table.rows],
@@ -194,13 +251,20 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--streams", type=int, default=8, help="streams measured a stack, one after the other")
     parser.add_argument("--tokens", type=int, default=128, help="max_output_tokens of every stream")
     parser.add_argument("--rounds", type=int, default=3, help="pairs of fresh stacks, tracing off and on")
+    parser.add_argument("--span-tasks", type=int, default=2000, help="tasks whose spans --span-cost makes")
+    # the child process of measure_span_cost
+    parser.add_argument("--span-cost", type=int, metavar="TASKS", help=argparse.SUPPRESS)
     parser.add_argument("--json", type=Path, help="also write the figures here")
     parser.add_argument("--quick", action="store_true", help="a short run (smoke test)")
     args = parser.parse_args(argv)
     if args.quick:
-        args.model, args.streams, args.tokens, args.rounds = "tiny-random", 2, 16, 1
+        args.model, args.streams, args.tokens, args.rounds, args.span_tasks = "tiny-random", 2, 16, 1, 50
     return args
 
 
 if __name__ == "__main__":
-    asyncio.run(main(parse_args()))
+    arguments = parse_args()
+    if arguments.span_cost:
+        print(span_cost(arguments.span_cost))
+    else:
+        asyncio.run(main(arguments))

@@ -116,21 +116,18 @@ class _Tracing:
     def __init__(self) -> None:
         self.tracer: Tracer | None = None
         self.shutdown: Any = None  # the provider's shutdown
+        self.extract: Any = None  # the W3C propagator's: a carrier to a context
 
     def start(self, name: str, parent: str | None, kind: str, attributes: Attributes | None,
               at: float | None) -> Span:
         assert self.tracer is not None
         from opentelemetry.trace import SpanKind
-        from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-        context = TraceContextTextMapPropagator().extract({TRACEPARENT: parent}) if parent else None
-        span = self.tracer.start_span(name, context=context, kind=getattr(SpanKind, kind.upper()),
-                                      attributes=attributes, start_time=None if at is None else _ns(at))
-        carrier: dict[str, str] = {}
-        from opentelemetry.trace import set_span_in_context
-
-        TraceContextTextMapPropagator().inject(carrier, context=set_span_in_context(span))
-        return _Recorded(span, carrier.get(TRACEPARENT, parent))
+        span = self.tracer.start_span(name, context=self.extract({TRACEPARENT: parent}) if parent else None,
+                                      kind=SpanKind[kind.upper()], attributes=attributes,
+                                      start_time=None if at is None else _ns(at))
+        context = span.get_span_context()
+        return _Recorded(span, f"00-{context.trace_id:032x}-{context.span_id:016x}-{context.trace_flags:02x}")
 
 
 _state = _Tracing()
@@ -156,8 +153,11 @@ def setup(default_service: str) -> bool:
                                 "service.version": version, "process.pid": os.getpid()})
     provider = TracerProvider(resource=resource)  # its sampler: OTEL_TRACES_SAMPLER (parent-based by default)
     provider.add_span_processor(BatchSpanProcessor(exporter))
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
     _state.tracer = provider.get_tracer("lmsp", version)
     _state.shutdown = provider.shutdown
+    _state.extract = TraceContextTextMapPropagator().extract
     logger.info("tracing: exporting spans over OTLP as %s", resource.attributes.get("service.name"))
     return True
 

@@ -138,13 +138,18 @@ async def test_the_trace_goes_on_after_its_worker_is_killed(group: Group, receiv
     or the killed one restarted) resumes it, and its run joins the same trace."""
     trace_id, parent, header = client_trace()
     created = await group.http.post("/lmsp/v1/tasks", json=body(MODEL, "Tell me about the sea",
-                                                                max_output_tokens=400),
+                                                                max_output_tokens=1000),
                                     headers={"traceparent": header})
     assert created.status_code == 202, created.text
     task = created.json()
     killed: list[str] = []
 
+    def prefilled(spans: list[ReceivedSpan]) -> bool:
+        return any(span.name == "prefill" for span in spans)
+
     async def kill() -> None:
+        # once the run's first spans are exported (the batch's delay is short): what a SIGKILL leaves
+        await asyncio.to_thread(receiver.wait, prefilled, trace_id, 30)
         holder = await group.holder(task["id"])
         killed.append(str(await group.field(task["id"], "worker")))
         holder.signal(signal.SIGKILL)
@@ -155,11 +160,11 @@ async def test_the_trace_goes_on_after_its_worker_is_killed(group: Group, receiv
     assert_exactly_once(log)
     assert killed and await group.attempts(task["id"]) >= 2
     spans = await asyncio.to_thread(receiver.wait, finished, trace_id)
-    request = check_trace(spans, parent, task["response_id"], 400, ["Tell me about the sea", text_of(log)])
+    request = check_trace(spans, parent, task["response_id"], 1000, ["Tell me about the sea", text_of(log)])
     run = runs(spans)[-1]
     assert run.attributes["lmsp.task.attempt"] >= 2 and run.attributes["lmsp.task.resumed"] is True
     assert run.attributes["lmsp.task.resumed_tokens"] > 0 and run.attributes["lmsp.worker.id"] != killed[0]
-    # the killed run's prefill ended (and was exported) before the kill: the trace holds both runs
+    # the killed run's prefill was exported before the kill: the trace holds both runs
     prefills = [span for span in spans if span.name == "prefill"]
     assert len(prefills) >= 2 and len({span.parent_id for span in prefills}) >= 2
     assert all(span.trace_id == trace_id for span in spans) and request.parent_id == parent

@@ -19,6 +19,7 @@ from prometheus_client import CollectorRegistry, Gauge, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 from redis.asyncio import Redis
+from redis.exceptions import RedisError
 
 from lmsp_core.requests.catalog import Catalog
 from lmsp_core.settings import Settings
@@ -37,6 +38,8 @@ class ModelState(msgspec.Struct, frozen=True, kw_only=True):
     workers: int
     queued: int
     running: int
+    slots: int = 0  # KV slots of the live workers' engines
+    slots_used: int = 0  # ... held by sequences
 
 
 class WorkerState(msgspec.Struct, frozen=True, kw_only=True):
@@ -80,8 +83,12 @@ async def service_state(redis: Redis, catalog: Catalog, settings: Settings,
     serving = registry.ready_per_model(workers)
     warming = registry.warming_per_model(workers)
     running: Counter[str] = Counter()
+    slots: Counter[str] = Counter()
+    used: Counter[str] = Counter()
     for info in workers:
         running.update(info.running)
+        slots.update(info.slots)
+        used.update(info.slots_used)
     models = list(catalog)
     async with redis.pipeline(transaction=False) as pipe:
         for spec in models:
@@ -97,7 +104,8 @@ async def service_state(redis: Redis, catalog: Catalog, settings: Settings,
         models=[ModelState(id=spec.id, status="available" if serving[spec.id] else
                            "warming" if warming[spec.id] else "unavailable",
                            workers=serving[spec.id], queued=max(0, int(depth) - running[spec.id]),
-                           running=running[spec.id]) for spec, depth in zip(models, depths, strict=True)],
+                           running=running[spec.id], slots=slots[spec.id], slots_used=used[spec.id])
+                for spec, depth in zip(models, depths, strict=True)],
         workers=[WorkerState(id=info.id, host=info.host, device=info.device, models=info.models, state=info.state,
                              running=sum(info.running.values()), started_at=int(info.started_at))
                  for info in workers],
@@ -183,11 +191,23 @@ class ApiMetrics:
         self._lock = asyncio.Lock()
 
     async def render(self, redis: Redis, catalog: Catalog, settings: Settings) -> bytes:
-        stored = await metrics.load(redis)
-        state = await service_state(redis, catalog, settings, stored)
+        """The service-wide series read from Redis; with Redis unreachable, only this process's and
+        ``lmsp_redis_up 0`` (the alert rules' "Redis away")."""
+        try:
+            stored = await metrics.load(redis)
+            state = await service_state(redis, catalog, settings, stored)
+        except (RedisError, OSError):
+            families = [_redis_up(False)]
+        else:
+            families = [_redis_up(True), *_state_families(state), *_stored_families(stored)]
         async with self._lock:
-            self._snapshot.families = [*_state_families(state), *_stored_families(stored)]
+            self._snapshot.families = families
             return generate_latest(self.registry)
+
+
+def _redis_up(up: bool) -> Metric:
+    return GaugeMetricFamily(PREFIX + "redis_up", "1 when this API process read the service's state from Redis for "
+                             "this scrape, 0 when Redis was unreachable.", value=1 if up else 0)
 
 
 def _state_families(state: ServiceState) -> list[Metric]:
@@ -201,7 +221,27 @@ def _state_families(state: ServiceState) -> list[Metric]:
         workers.add_metric([model.id], model.workers)
     alive = GaugeMetricFamily(PREFIX + "workers_alive", "Worker processes with a live heartbeat.",
                               value=len(state.workers))
-    return [depth, tasks, workers, alive, *_principal_families(state.principals)]
+    return [depth, tasks, workers, alive, *_engine_families(state.models), *_principal_families(state.principals)]
+
+
+def _engine_families(models: list[ModelState]) -> list[Metric]:
+    """vLLM's gauges of a model's requests and KV cache, summed over its live workers (as of their
+    last heartbeats)."""
+    running = GaugeMetricFamily(PREFIX + "requests_running", "Tasks a worker runs now.", labels=["model"])
+    waiting = GaugeMetricFamily(PREFIX + "requests_waiting", "Tasks waiting in the queue for a worker.",
+                                labels=["model"])
+    slots = GaugeMetricFamily(PREFIX + "kv_slots", "KV cache slots (one sequence each) of the live workers.",
+                              labels=["model"])
+    used = GaugeMetricFamily(PREFIX + "kv_slots_used", "KV cache slots held by a sequence.", labels=["model"])
+    usage = GaugeMetricFamily(PREFIX + "kv_slots_usage", "Share of the KV cache slots held (0 to 1).",
+                              labels=["model"])
+    for model in models:
+        running.add_metric([model.id], model.running)
+        waiting.add_metric([model.id], model.queued)
+        slots.add_metric([model.id], model.slots)
+        used.add_metric([model.id], model.slots_used)
+        usage.add_metric([model.id], model.slots_used / model.slots if model.slots else 0.0)
+    return [running, waiting, slots, used, usage]
 
 
 def _principal_families(rows: list[PrincipalState]) -> list[Metric]:

@@ -20,7 +20,7 @@ from arq.connections import ArqRedis
 from arq.worker import func
 from redis.exceptions import RedisError
 
-from lmsp_core import logs
+from lmsp_core import logs, tracing
 from lmsp_core.requests.catalog import Catalog, ModelSpec
 from lmsp_core.requests.chat import PromptRenderer
 from lmsp_core.settings import Settings
@@ -82,6 +82,7 @@ async def connect(settings: Settings) -> ArqRedis:
 
 
 async def serve(settings: Settings, model_ids: list[str], make_engine: EngineFactory = Engine) -> None:
+    tracing.setup("lmsp-worker")  # off unless OTEL_EXPORTER_OTLP_*ENDPOINT is set
     catalog = Catalog.from_settings(settings)
     specs = [catalog.get(model_id) for model_id in model_ids]
     compiled_cache(Path(settings.model_cache))
@@ -131,6 +132,7 @@ async def serve(settings: Settings, model_ids: list[str], make_engine: EngineFac
     for runtime in runtimes.values():
         runtime.engine.close()
     await connections.close(redis)
+    await asyncio.to_thread(tracing.shutdown)  # sends the spans still buffered
 
 
 def compiled_cache(model_cache: Path) -> None:

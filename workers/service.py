@@ -17,7 +17,7 @@ import msgspec
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from lmsp_core import wire
+from lmsp_core import tracing, wire
 from lmsp_core.settings import Settings
 from lmsp_core.store import keys, metrics, registry
 from lmsp_core.store.tasks import finished, queue
@@ -118,9 +118,15 @@ class WorkerService:
             await self._announce(task_id)
         if claim.outcome is not ClaimOutcome.CLAIMED:
             return claim.outcome.value
+        claimed_at = time.time()
         if claim.attempts == 1:
-            self.metrics.observe(metrics.QUEUE_TIME, (record.model,), max(0.0, time.time() - record.created_at))
-        run = TaskRun(record, runtime, self.writer, self.settings, lease, self.metrics)
+            self.metrics.observe(metrics.QUEUE_TIME, (record.model,), max(0.0, claimed_at - record.created_at))
+        else:
+            self.metrics.count(metrics.RECLAIMS, (record.model,))
+        trace = tracing.RunTrace(record.trace, model=record.model, task_id=task_id, response_id=record.response_id,
+                                 attempt=claim.attempts, worker=self.info.id, created_at=record.created_at,
+                                 claimed_at=claimed_at) if tracing.enabled() else None
+        run = TaskRun(record, runtime, self.writer, self.settings, lease, self.metrics, trace)
         self.runs[task_id] = run
         self.jobs[task_id] = job_id
         handed_back = False
@@ -134,6 +140,9 @@ class WorkerService:
             await asyncio.shield(self._hand_back(run, record.model))
             raise
         finally:
+            if trace is not None:
+                trace.close("handed_back" if handed_back else str(run.outcome or "stopped"), run.output_tokens,
+                            run.cached_tokens)
             self._ended[job_id] = JobEnd(record.owner, run.tokens_used, handed_back)
             self.runs.pop(task_id, None)
             self.jobs.pop(task_id, None)
@@ -190,7 +199,12 @@ class WorkerService:
     async def beat(self) -> None:
         """Heartbeat, with the running count and the metrics gathered since the last one."""
         running = Counter(run.record.model for run in self.runs.values())
-        info = msgspec.structs.replace(self.info, running=dict(running))
+        slots, used = {}, {}
+        for model_id, runtime in self.runtimes.items():
+            used[model_id], slots[model_id], _ = runtime.engine.occupancy()
+            for rows, steps in runtime.engine.take_step_sizes().items():
+                self.metrics.observe(metrics.BATCH_SIZE, (model_id,), rows, steps)
+        info = msgspec.structs.replace(self.info, running=dict(running), slots=slots, slots_used=used)
         async with self.redis.pipeline(transaction=False) as pipe:
             registry.add_heartbeat(pipe, info, self.settings.worker_ttl)
             taken = self.metrics.add_to(pipe)

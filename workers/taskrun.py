@@ -14,13 +14,14 @@ item ids and the next event number.
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import msgspec
 from redis.asyncio import Redis
 
-from lmsp_core import wire
+from lmsp_core import tracing, wire
 from lmsp_core.requests import grammars
 from lmsp_core.requests.catalog import ModelSpec
 from lmsp_core.requests.chat import PromptRenderer, card_digest
@@ -106,7 +107,8 @@ def prefix_scope(owner: str, prompt_cache_key: str | None) -> str:
 
 class TaskRun:
     def __init__(self, record: TaskRecord, runtime: ModelRuntime, writer: EventWriter, settings: Settings,
-                 lease: str, recorder: metrics.Recorder | None = None) -> None:
+                 lease: str, recorder: metrics.Recorder | None = None, trace: tracing.RunTrace | None = None) -> None:
+        """``trace``: the run's spans, where tracing is on (``lmsp_core.tracing``)."""
         self.record = record
         self.request = msgspec.json.decode(record.request, type=wire.ResponseRequest)
         self.runtime = runtime
@@ -122,6 +124,8 @@ class TaskRun:
         self._input_tokens = 0
         self._recorder = recorder or metrics.Recorder()
         self._meter: metrics.TokenMeter | None = None
+        self.trace = trace
+        self._decoding = False  # the run's first token has come
         self._delivered = DeliveredOutput()  # what the task's events delivered, stored and written by this run
         self._output_started = False  # a text delta was published (the events before it are urgent)
 
@@ -141,6 +145,16 @@ class TaskRun:
         return 0 if self.sequence is None else self._input_tokens + len(self.sequence.generated)
 
     @property
+    def output_tokens(self) -> int:
+        """The task's output tokens so far, earlier runs' included."""
+        return 0 if self.sequence is None else len(self.sequence.generated)
+
+    @property
+    def cached_tokens(self) -> int:
+        """Tokens of the prompt found in the engine's slots."""
+        return 0 if self.sequence is None else min(self.sequence.cached_tokens, self._input_tokens)
+
+    @property
     def response_id(self) -> str:
         return self.record.response_id
 
@@ -158,6 +172,7 @@ class TaskRun:
     def on_final_durable(self) -> None:
         if self.outcome in wire.FINAL_STATUSES:
             self._recorder.count(metrics.FINISHED, (self.record.model, self.outcome))
+            self._recorder.observe(metrics.E2E, (self.record.model,), max(0.0, time.time() - self.record.created_at))
         self._durable.set()
 
     # --- running ---------------------------------------------------------------------------------
@@ -218,6 +233,7 @@ class TaskRun:
             pipeline.replay(history.tokens)  # to where the stored events end: theirs are stored already
             if (message_id := pipeline.assembler.message_id) is not None:  # its stored deltas' entries
                 pipeline.assembler.add_logprobs(history.delivered.logprobs(message_id))
+        self._count_start(len(prompt), history)
         self._meter = self._recorder.meter(self.record.model, self.record.owner, self.record.created_at,
                                            bool(history.tokens))
         params = SamplingParams(temperature=self.request.temperature or 0.0, top_p=self._ext.top_p or 1.0,
@@ -228,6 +244,15 @@ class TaskRun:
         self.runtime.engine.submit(self.sequence)
         if pipeline.stopped:  # the stored tokens already end with a stop string
             self.runtime.engine.stop(self.sequence, Finish.STOP)
+
+    def _count_start(self, prompt_tokens: int, history: History) -> None:
+        labels = (self.record.model,)
+        if history.last_event_id == 0:
+            self._recorder.count(metrics.PROMPT_TOKENS, labels, prompt_tokens)
+        if history.tokens:
+            self._recorder.count(metrics.RESUMES, labels)
+        if self.trace is not None:
+            self.trace.prefill(prompt_tokens, len(history.tokens))
 
     def _constraint(self, grammar: str | None, budget: int, generated: tuple[int, ...]) -> LogitsConstraint | None:
         """The output grammar (completed within ``budget``) and, for a reasoning model, the reasoning budget."""
@@ -260,6 +285,10 @@ class TaskRun:
     def on_token(self, seq: Generation, token: int, scores: Scores | None) -> None:
         if self._meter is not None:
             self._meter.token()
+        if not self._decoding:
+            self._decoding = True
+            if self.trace is not None:
+                self.trace.first_token()
         self.writer.tokens(self, [token])
         pipeline = self._output_path()
         self._publish(pipeline.push(token, self.runtime.speller.entry(token, scores) if scores is not None else None))
@@ -267,6 +296,10 @@ class TaskRun:
             self.runtime.engine.stop(seq, Finish.STOP)
 
     def on_finish(self, seq: Generation, reason: Finish, error: BaseException | None) -> None:
+        if self._meter is not None:
+            self._meter.ended()
+        if self.trace is not None:
+            self.trace.generation_ended(reason.value)
         try:
             if reason is Finish.RELEASED or reason is Finish.FENCED:
                 self.outcome = self.outcome or reason

@@ -30,6 +30,7 @@ from api.background.outage import Outage, poll
 from api.openai import batches as lines
 from api.process import Services
 from api.submission.submit import submit
+from lmsp_core import tracing
 from lmsp_core.store.objects import batches
 from lmsp_core.store.objects.batches import BatchRecord
 from lmsp_core.store.tasks.records import TaskRecord
@@ -45,7 +46,7 @@ IDLE_POLL = 0.5
 IN_PROGRESS_LOOK = 0.5  # seconds between looks at a running batch
 WATCH = 2.0  # between looks while the queue is full or the owner at its quota
 
-Emit = Callable[[str, str, dict[str, str], str], Awaitable[object]]
+Emit = Callable[..., Awaitable[object]]  # lmsp_core.store.webhooks.emit, its Redis given
 
 
 class BatchDriver:
@@ -168,17 +169,24 @@ class BatchDriver:
         if await self.store.has_result(record.id, number):
             return 0
         line = lines.parse_line(text, record.endpoint)
+        # the line's task joins the batch's trace (its request's), under a span of its own
+        span = tracing.start("batch line", record.trace, kind="producer",
+                             attributes={"lmsp.batch.id": record.id, "lmsp.batch.line": number})
         try:
-            request = lines.lmsp_request(line, record.endpoint, self.services.catalog)
-            task, _ = await submit(self.services, request, kind="task", owner=record.owner,
-                                   idempotency_key=f"{record.id}:{number}", endpoint=f"batch{record.endpoint}",
-                                   batch=record.id)
+            with tracing.active(span):
+                request = lines.lmsp_request(line, record.endpoint, self.services.catalog)
+                task, _ = await submit(self.services, request, kind="task", owner=record.owner,
+                                       idempotency_key=f"{record.id}:{number}", endpoint=f"batch{record.endpoint}",
+                                       batch=record.id)
         except (TooManyRequests, ServiceUnavailable):
             return None
         except LmspError as exc:
+            span.fail(exc.code)
             result = lines.refused_line(record.id, number, line.custom_id, exc.problem())
             await self.store.end_line(record.id, number, result, "failed")
             return 0
+        finally:
+            span.end()
         await self.store.started(record.id, number, task.id)
         return 1
 
@@ -254,4 +262,5 @@ class BatchDriver:
         if self.emit is None:
             return
         with contextlib.suppress(RedisError):
-            await self.emit(record.owner, f"batch.{status}", {"id": record.id}, f"evt_{record.id}_{status}")
+            await self.emit(record.owner, f"batch.{status}", {"id": record.id}, f"evt_{record.id}_{status}",
+                            trace=record.trace)

@@ -29,10 +29,12 @@ from api.http.routes.responses import ResponsesController
 from api.http.routes.tasks import TasksController
 from api.http.routes.webhooks import WebhooksController
 from api.http.strictbodies import StructSchemaFromMsgspec, strict_body
+from api.http.tracing import TracingMiddleware
 from api.http.version import VersionMiddleware, add_version_header
 from api.process import Services
 from api.submission.idempotency import HEADER as IDEMPOTENCY_HEADER
 from api.submission.idempotency import REPLAYED_HEADER
+from lmsp_core import tracing
 from lmsp_core.settings import Settings, load_settings
 from lmsp_core.store.objects import webhooks
 
@@ -63,6 +65,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
     check_exposure(settings)
 
     async def start(app: Litestar) -> None:
+        tracing.setup("lmsp-api")  # off unless OTEL_EXPORTER_OTLP_*ENDPOINT is set
         app.state.services = Services.create(settings)
         app.state.services.limits.start()
         app.state.webhooks = Webhooks(app.state.services)
@@ -79,6 +82,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
             await app.state.batches
         await app.state.webhooks.close()
         await app.state.services.close()
+        await asyncio.to_thread(tracing.shutdown)  # sends the spans still buffered
 
     app = Litestar(
         route_handlers=[ResponsesController, TasksController, ModelsController, OpenAIResponsesController,
@@ -93,7 +97,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
         exception_handlers=HANDLERS,
         before_request=strict_body,
         after_request=problems_only,
-        middleware=[VersionMiddleware()],
+        middleware=[TracingMiddleware(), VersionMiddleware()],
         before_send=[add_version_header],
         on_startup=[start],
         on_shutdown=[stop],

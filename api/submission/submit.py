@@ -15,7 +15,7 @@ from redis.exceptions import RedisError
 from api.process import Services
 from api.submission import idempotency
 from api.submission.admission import admit
-from lmsp_core import wire
+from lmsp_core import tracing, wire
 from lmsp_core.requests import extensions
 from lmsp_core.requests.catalog import ModelSpec
 from lmsp_core.store import metrics
@@ -50,14 +50,16 @@ async def submit(services: Services, request: wire.ResponseRequest, *, kind: Kin
     chain = await _conversation(services, request, spec, owner)
     items = conversations.context(chain, request.input) if chain else None
     rendered, cost = await admit(services, request, spec, kind, items)
+    span = tracing.current()  # the request's (or the batch line's): the task's runs join its trace
     record = TaskRecord(
         id=ids.new_id(ids.TASK), model=spec.id, owner=owner, kind=kind, status="queued",
         created_at=time.time(), response_id=ids.new_id(ids.RESPONSE), request=wire.encoder.encode(request),
         context=None if items is None else wire.encoder.encode(items),
         prompt=None if rendered is None else pack_tokens(rendered.token_ids),
         prompt_card=None if rendered is None else rendered.card_digest, metadata=metadata_of(request),
-        cost=cost, batch=batch,
+        cost=cost, batch=batch, trace=span.traceparent,
     )
+    span.set({"gen_ai.request.model": spec.id, "gen_ai.response.id": record.response_id, "lmsp.task.id": record.id})
     await services.store.create(record)
     if idempotency_key:
         try:

@@ -31,6 +31,8 @@ class WorkerInfo(msgspec.Struct, frozen=True, kw_only=True):
     # "warming" while it loads its models and warms them up (compiling), then "ready" for jobs
     state: Literal["warming", "ready"] = "ready"
     running: dict[str, int] = {}  # tasks running now, per model (as of the last heartbeat)
+    slots: dict[str, int] = {}  # the KV slots of each model's engine
+    slots_used: dict[str, int] = {}  # ... held by sequences (as of the last heartbeat)
 
 
 def new_worker(models: list[str], device: str) -> WorkerInfo:

@@ -101,3 +101,20 @@ def test_fair_share_benchmark_runs_and_reports_every_figure(tmp_path: Path) -> N
     assert all(run["tasks"] > 0 and run["tokens"] > 0 for run in data["saturated"])
     assert all(len(run["b_wait_ms"]) == 2 for run in data["late_comer"])
     assert data["commit"] and data["cpu"]
+
+
+def test_tracing_benchmark_runs_and_reports_every_figure(tmp_path: Path) -> None:
+    figures = tmp_path / "tracing.json"
+    result = subprocess.run([sys.executable, "-m", "bench.tracing", "--quick", "--json", str(figures)],
+                            capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    table = result.stdout.split("\n\n")[-1]
+    for row in ("one stream: tokens/s, tracing on / off", "time to first token, ms", "api CPU a token, us",
+                "worker CPU a token, us", "spans received a stream (on)", "spans' CPU a task (in process, exported)",
+                "a token of a 16-token stream, share of its CPU off"):
+        assert row in table, table
+    data = json.loads(figures.read_text())
+    assert [run["mode"] for run in data["runs"]] == ["off", "on"]
+    off, on = data["runs"]
+    assert off["spans"] == 0 and on["spans"] == 6 * 3  # the warm-up and two streams: six spans each
+    assert data["spans_received_in_span_cost"] == 6 * 50 and data["span_cpu_us_a_task"] > 0

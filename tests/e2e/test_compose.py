@@ -40,6 +40,7 @@ def check(config: dict[str, Any]) -> None:
     assert {"redis-data", "model-cache"} <= set(config["volumes"])
     check_sentinel_profile(services)
     check_cluster_profile(services, config["networks"])
+    check_observability_profile(services)
 
 
 def check_sentinel_profile(services: dict[str, Any]) -> None:
@@ -95,6 +96,47 @@ def check_cluster_profile(services: dict[str, Any], networks: dict[str, Any]) ->
         assert service["depends_on"]["redis-cluster-init"]["condition"] == "service_completed_successfully"
     assert services["worker-cluster"]["command"][:2] == ["lmsp", "worker"]
     assert services["api-cluster"]["command"][:2] == ["lmsp", "api"]
+    assert not in_profile & {"redis", "api", "worker-gpu0"}
+
+
+def mounts(service: dict[str, Any]) -> dict[str, str]:
+    """A service's bind mounts, target -> the source's path under the repository (either spelling:
+    ``src:dst[:mode]``, or the long form)."""
+    found = {}
+    for volume in service.get("volumes", []):
+        if isinstance(volume, dict):
+            source, target = str(volume.get("source", "")), str(volume["target"])
+        else:
+            source, target = str(volume).split(":")[:2]
+        if source.startswith(("./", str(ROOT))):
+            found[target] = str(Path(source.removeprefix(str(ROOT)).lstrip("./")))
+    return found
+
+
+def check_observability_profile(services: dict[str, Any]) -> None:
+    """``--profile observability``: Prometheus with our scrape configuration and alert rules, Grafana
+    with the dashboard provisioned, and Jaeger taking OTLP; the services export traces where
+    OTEL_EXPORTER_OTLP_ENDPOINT says (empty: not at all)."""
+    in_profile = {name for name, service in services.items() if "observability" in service.get("profiles", [])}
+    assert in_profile == {"prometheus", "grafana", "jaeger"}
+    prometheus = mounts(services["prometheus"])
+    assert prometheus["/etc/prometheus"] == "observability/prometheus"
+    config = yaml.safe_load((ROOT / "observability/prometheus/prometheus.yml").read_text())
+    assert config["rule_files"] == ["/etc/prometheus/alerts.yml"]
+    [job] = config["scrape_configs"]
+    assert job["metrics_path"] == "/metrics" and job["dns_sd_configs"][0]["names"] == ["api"]
+    assert job["dns_sd_configs"][0]["port"] == 8000 and job["authorization"]["credentials_file"].startswith(
+        "/etc/prometheus/")
+    grafana = mounts(services["grafana"])
+    provisioning = ROOT / grafana["/etc/grafana/provisioning"]
+    [provider] = yaml.safe_load((provisioning / "dashboards/lmsp.yaml").read_text())["providers"]
+    dashboards = ROOT / grafana[provider["options"]["path"]]
+    assert (dashboards / "lmsp.json").is_file()
+    [source, *_] = yaml.safe_load((provisioning / "datasources/prometheus.yaml").read_text())["datasources"]
+    assert source["uid"] == "prometheus" and source["url"] == "http://prometheus:9090"
+    assert services["jaeger"]["environment"]["COLLECTOR_OTLP_ENABLED"] == "true"
+    for name in ("api", "api-cluster", *[n for n in services if n.startswith("worker-")]):
+        assert "OTEL_EXPORTER_OTLP_ENDPOINT" in services[name]["environment"]
     assert not in_profile & {"redis", "api", "worker-gpu0"}
 
 

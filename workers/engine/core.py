@@ -81,6 +81,15 @@ class Engine:
         if self._warm_error is not None:
             raise self._warm_error
 
+    def take_step_sizes(self) -> dict[int, int]:
+        """Steps run since the last call, by how many sequences each ran (its batch size)."""
+        return dict(self._scheduler.take_step_sizes())
+
+    def occupancy(self) -> tuple[int, int, int]:
+        """KV slots held by sequences, slots in all, and sequences waiting for a slot."""
+        used, waiting = self._scheduler.occupancy()
+        return used, self.model.slots, waiting
+
     def close(self) -> None:
         self._scheduler.close()
 

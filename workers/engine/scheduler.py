@@ -33,7 +33,7 @@ import logging
 import statistics
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -138,6 +138,8 @@ class Scheduler:
         self._last_chunked = FIRST_CHUNK  # prompt tokens of the last step with chunks beside decoding
         self._following: _Launched | None = None  # a step launched before its predecessor's tokens were read
         self._last_read = 0.0  # when the last step's tokens were read
+        self._rows = 0  # sequences of the step just completed
+        self._step_sizes: Counter[int] = Counter()  # steps per sequences a step, until taken (under _cond)
         self._thread = threading.Thread(target=self._loop, name=f"engine-{name}", daemon=True)
 
     # --- called from the event loop -------------------------------------------------------------
@@ -164,6 +166,18 @@ class Scheduler:
             self._ahead -= 1
             self._cond.notify()
 
+    def take_step_sizes(self) -> Counter[int]:
+        """How many steps ran with how many sequences, since the last call."""
+        with self._cond:
+            taken, self._step_sizes = self._step_sizes, Counter()
+        return taken
+
+    def occupancy(self) -> tuple[int, int]:
+        """Slots held by sequences now, and sequences waiting for one (read from the event loop:
+        a moment's view)."""
+        with self._cond:
+            return len(self._running) + (self._copying is not None), len(self._waiting) + len(self._incoming)
+
     def close(self) -> None:
         with self._cond:
             self._closed = True
@@ -184,7 +198,11 @@ class Scheduler:
                     return
                 self._waiting.extend(self._incoming)
                 self._incoming.clear()
+            self._rows = 0
             produced = self._step()
+            if self._rows:
+                with self._cond:
+                    self._step_sizes[self._rows] += 1
             if produced:
                 with self._cond:
                     self._ahead += 1
@@ -248,6 +266,7 @@ class Scheduler:
         # a step launched ahead ran partly while the one before was read: count it from then
         self._measure(launched.plan, now - max(launched.started, self._last_read))
         self._last_read = now
+        self._rows = len(launched.plan.feeds) + len(launched.plan.chunks)
         for run in launched.decoding:
             if self._running.get(run.slot) is run:
                 run.filled += 1

@@ -34,7 +34,7 @@ FORGET_EVERY = 600.0
 
 Event = tuple[str, dict[str, str], str]  # type, data, event id
 # what the events of a task's end need of its record (not its request, prompt or response: large)
-_FIELDS = ["owner", "kind", "status", "response_id", "batch", "finished_at"]
+_FIELDS = ["owner", "kind", "status", "response_id", "batch", "finished_at", "trace"]
 
 
 class TaskEnd(NamedTuple):
@@ -46,6 +46,7 @@ class TaskEnd(NamedTuple):
     batch: str | None = None
     finished_at: float | None = None
     stored: bool = False  # its response is stored (store: true)
+    trace: str | None = None  # its traceparent: the deliveries join the task's trace
 
 
 async def task_end(redis: Redis, task_id: str) -> TaskEnd | None:
@@ -59,7 +60,8 @@ async def task_end(redis: Redis, task_id: str) -> TaskEnd | None:
         return None
     return TaskEnd(id=task_id, owner=found["owner"], kind=found["kind"], status=found["status"],
                    response_id=found["response_id"], batch=found.get("batch"),
-                   finished_at=float(found["finished_at"]) if "finished_at" in found else None, stored=bool(stored))
+                   finished_at=float(found["finished_at"]) if "finished_at" in found else None, stored=bool(stored),
+                   trace=found.get("trace"))
 
 
 def task_events(record: TaskEnd) -> list[Event]:
@@ -161,5 +163,5 @@ class FinishedConsumer:
         created = 0
         for event_type, data, event_id in task_events(record):
             created += await webhooks.emit(self.redis, record.owner, event_type, data, event_id,
-                                           created_at=record.finished_at)
+                                           created_at=record.finished_at, trace=record.trace)
         return created

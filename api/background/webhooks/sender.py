@@ -22,6 +22,7 @@ from redis.exceptions import RedisError
 
 from api.background.outage import Outage, poll
 from api.background.webhooks import signing, targets
+from lmsp_core import tracing
 from lmsp_core.settings import Settings
 from lmsp_core.store.objects import webhooks
 from lmsp_core.store.objects.webhooks import DeliveryRecord, EndpointRecord
@@ -86,14 +87,18 @@ class Sender:
                     delivery.attempts + 1, attempt.status_code or attempt.error, status)
 
     async def attempt(self, endpoint: EndpointRecord, delivery: DeliveryRecord) -> WebhookAttempt:
-        """POST the delivery once; what happened, as its attempt."""
+        """POST the delivery once; what happened, as its attempt. The attempt is a span of the trace of
+        what the delivery reports (a task's, a batch's), and tells the receiver so (``traceparent``)."""
         started, clock = time.time(), time.monotonic()
+        span = tracing.start("webhook delivery", delivery.trace, kind="client", attributes={
+            "lmsp.webhook.endpoint": endpoint.id, "lmsp.webhook.event_type": delivery.event_type,
+            "lmsp.webhook.attempt": delivery.attempts + 1})
         status: int | None = None
         error: str | None = None
         try:
             async with asyncio.timeout(self.settings.webhook_timeout):
                 target = await targets.resolve(endpoint.url, self.settings.webhook_allow_private)
-                status = await self._post(target, endpoint.secret, delivery)
+                status = await self._post(target, endpoint.secret, delivery, span.traceparent)
         except targets.TargetRefused as exc:
             error = f"refused: {exc.detail}"
         except targets.TargetUnresolved as exc:
@@ -104,13 +109,21 @@ class Sender:
             error = f"no answer: {type(exc).__name__}"
         if status is not None and not 200 <= status < 300:
             error = f"the receiver answered {status}"
+        if status is not None:
+            span.set({"http.response.status_code": status})
+        if error is not None:
+            span.fail(error)
+        span.end()
         return WebhookAttempt(attempted_at=round(started, 3), duration_ms=int((time.monotonic() - clock) * 1000),
                               status_code=status, error=error)
 
-    async def _post(self, target: targets.Target, secret: str, delivery: DeliveryRecord) -> int:
+    async def _post(self, target: targets.Target, secret: str, delivery: DeliveryRecord,
+                    traceparent: str | None) -> int:
         url = httpx.URL(target.url)
         headers = {"Host": url.netloc.decode("ascii"), "Content-Type": "application/json",
                    **signing.headers(secret, delivery.event_id, delivery.body)}
+        if traceparent is not None:
+            headers[tracing.TRACEPARENT] = traceparent
         extensions = {"sni_hostname": target.hostname} if url.scheme == "https" else {}
         request = self.client.build_request("POST", url.copy_with(host=str(target.address)), content=delivery.body,
                                             headers=headers, extensions=extensions)

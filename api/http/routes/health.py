@@ -67,8 +67,11 @@ async def readyz(services: Services) -> Response[dict[str, object]]:
 
 @get("/metrics", summary="Prometheus metrics", tags=["health"], media_type=METRICS_MEDIA_TYPE,
      opt={"scope": "models:read"},
-     description="Prometheus text format: queue depth, tasks by status, time in queue, time to first token and "
-                 "inter-token latency histograms, generated tokens (`rate()` gives tokens/s), workers alive, "
+     description="Prometheus text format: queue depth, tasks by status, time in queue, time to first token, "
+                 "inter-token latency, end-to-end latency, prefill and decode time and time per output token "
+                 "histograms, prompt and generated tokens (`rate()` gives tokens/s), running and waiting requests, "
+                 "KV slots in use, batch size per engine step, resumes and re-claims, workers alive, whether "
+                 "Redis answered (`lmsp_redis_up`; 0: only this process's series follow), "
                  "each principal's queued and running tasks and generated tokens (the `LMSP_METRICS_PRINCIPALS` "
                  "busiest of a model, the rest summed as `principal=\"~other\"`) (service-wide, from Redis), "
                  "and the SSE streams open in this process.",

@@ -18,6 +18,7 @@ from api.openai import PREFIX
 from api.openai import batches as ob
 from api.openai.errors import errors_only
 from api.process import Services
+from lmsp_core import tracing
 from lmsp_core.store.objects.batches import BatchRecord, BatchStore
 from lmsp_core.store.tenants import credentials
 from lmsp_core.store.tenants.credentials import Identity
@@ -62,7 +63,8 @@ class OpenAIBatchesController(Controller):
         record = BatchRecord(id=ids.new_id(ids.BATCH), owner=identity.principal, endpoint=data.endpoint,
                              input_file_id=data.input_file_id, completion_window=data.completion_window,
                              status="validating", created_at=now, expires_at=now + window,
-                             metadata=msgspec.json.encode(data.metadata).decode() if data.metadata else None)
+                             metadata=msgspec.json.encode(data.metadata).decode() if data.metadata else None,
+                             trace=tracing.current().traceparent)
         await _store(services).create(record)
         return _json(ob.batch_object(record))
 

@@ -54,6 +54,7 @@ class BatchRecord(msgspec.Struct, frozen=True, kw_only=True):
     cancelled_at: float | None = None
     output_file_id: str | None = None
     error_file_id: str | None = None
+    trace: str | None = None  # the W3C traceparent of the request that created it: its lines' tasks join it
 
     @property
     def final(self) -> bool:

@@ -45,12 +45,14 @@ SECRET_BYTES = 32
 
 _NOW_MS = "local t = redis.call('TIME') local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)\n"
 
-# KEYS: delivery, the endpoint's deliveries, due.  ARGV: id, endpoint, event id, type, body, retention_ms.
-# Creates a pending delivery due now, unless it exists. Returns {created (0|1), the endpoint's count}.
+# KEYS: delivery, the endpoint's deliveries, due.  ARGV: id, endpoint, event id, type, body, retention_ms,
+# trace ('' for none). Creates a pending delivery due now, unless it exists. Returns {created (0|1), the
+# endpoint's count}.
 _CREATE = _NOW_MS + """
 if redis.call('EXISTS', KEYS[1]) == 1 then return {0, 0} end
 redis.call('HSET', KEYS[1], 'id', ARGV[1], 'endpoint', ARGV[2], 'event_id', ARGV[3], 'type', ARGV[4],
            'body', ARGV[5], 'status', 'pending', 'attempts', 0, 'created_ms', now_ms, 'next_ms', now_ms)
+if ARGV[7] ~= '' then redis.call('HSET', KEYS[1], 'trace', ARGV[7]) end
 redis.call('PEXPIRE', KEYS[1], ARGV[6])
 redis.call('ZADD', KEYS[2], now_ms, ARGV[1])
 redis.call('PEXPIRE', KEYS[2], ARGV[6])
@@ -112,6 +114,7 @@ class DeliveryRecord(msgspec.Struct, frozen=True, kw_only=True):
     created_ms: int
     next_ms: int | None
     log: list[WebhookAttempt]
+    trace: str | None = None  # the W3C traceparent of what it reports (a task's, a batch's)
 
     def to_wire(self) -> WebhookDelivery:
         next_at = None if self.next_ms is None or self.status != "pending" else -(-self.next_ms // 1000)
@@ -127,7 +130,8 @@ def _delivery(raw: Mapping[bytes, bytes]) -> DeliveryRecord:
         id=fields["id"].decode(), endpoint=fields["endpoint"].decode(), event_id=fields["event_id"].decode(),
         event_type=fields["type"].decode(), body=fields["body"], status=fields["status"].decode(),  # type: ignore[arg-type]
         attempts=int(fields["attempts"]), created_ms=int(fields["created_ms"]),
-        next_ms=int(fields["next_ms"]) if "next_ms" in fields else None, log=log)
+        next_ms=int(fields["next_ms"]) if "next_ms" in fields else None, log=log,
+        trace=fields["trace"].decode() if "trace" in fields else None)
 
 
 # --- endpoints -------------------------------------------------------------------------------------
@@ -207,15 +211,16 @@ def _forget(pipe: Pipeline, delivery_ids: list[str]) -> None:
 
 
 async def emit(redis: Redis, principal: str, event_type: str, data: Mapping[str, str], event_id: str, *,
-               created_at: float | None = None) -> int:
+               created_at: float | None = None, trace: str | None = None) -> int:
     """Queue the event for each endpoint of ``principal`` that subscribes to ``event_type``, once per
     endpoint and ``event_id`` (a repeat creates nothing); returns the deliveries created.
-    ``created_at``: when what it reports happened (default: now)."""
+    ``created_at``: when what it reports happened (default: now); ``trace``: its trace context (a
+    ``traceparent``), which every attempt sends."""
     endpoints = [endpoint for endpoint in await list_endpoints(redis, principal) if event_type in endpoint.events]
     if not endpoints:
         return 0
     event = WebhookEvent(id=event_id, type=event_type, created_at=int(created_at or time.time()), data=dict(data))
-    created = [await _deliver(redis, endpoint.id, event) for endpoint in endpoints]
+    created = [await _deliver(redis, endpoint.id, event, trace) for endpoint in endpoints]
     return sum(delivery is not None for delivery in created)
 
 
@@ -233,13 +238,14 @@ def delivery_id(endpoint_id: str, event_id: str) -> str:
     return ids.derived_id(DELIVERY_ID, f"{endpoint_id}\n{event_id}")
 
 
-async def _deliver(redis: Redis, endpoint_id: str, event: WebhookEvent) -> str | None:
+async def _deliver(redis: Redis, endpoint_id: str, event: WebhookEvent, trace: str | None = None) -> str | None:
     """The new delivery's id, or None when the endpoint had this event already."""
     created_id = delivery_id(endpoint_id, event.id)
     script = redis.register_script(_CREATE)
     created, count = await script(
         keys=[keys.delivery(created_id), keys.webhook_deliveries(endpoint_id), keys.deliveries_due()],
-        args=[created_id, endpoint_id, event.id, event.type, msgspec.json.encode(event), int(RETENTION * 1000)])
+        args=[created_id, endpoint_id, event.id, event.type, msgspec.json.encode(event), int(RETENTION * 1000),
+              trace or ""])
     if int(count) > CAP:
         await _trim(redis, endpoint_id)
     return created_id if int(created) else None

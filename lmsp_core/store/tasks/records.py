@@ -89,6 +89,7 @@ class TaskRecord(msgspec.Struct, frozen=True, kw_only=True):
     # what its principal is charged when it starts (fairqueue.cost); 0: not known (an older record)
     cost: int = 0
     batch: str | None = None  # the batch whose line it runs (OpenAI's Batch API)
+    trace: str | None = None  # the W3C traceparent its spans join (lmsp_core.tracing), on every worker
 
     def prompt_ids(self, card_digest: str) -> list[int] | None:
         """The prompt the API rendered, if it used the card the worker has (else None)."""
@@ -132,7 +133,7 @@ class TaskRecord(msgspec.Struct, frozen=True, kw_only=True):
 
 
 _TEXT_FIELDS = ("id", "model", "owner", "kind", "status", "response_id")
-_OPTIONAL_TEXT_FIELDS = ("worker", "job", "prompt_card", "batch")
+_OPTIONAL_TEXT_FIELDS = ("worker", "job", "prompt_card", "batch", "trace")
 _FLOAT_FIELDS = ("created_at", "started_at", "finished_at")
 _INT_FIELDS = ("last_event_id", "attempts", "cost")
 
@@ -216,7 +217,7 @@ class TaskStore:
         mapping: dict[str, str | bytes | float | int] = {
             name: getattr(record, name) for name in (*_TEXT_FIELDS, "created_at", "request", "cost")
         }
-        for name in ("context", "prompt", "prompt_card", "metadata", "batch"):
+        for name in ("context", "prompt", "prompt_card", "metadata", "batch", "trace"):
             if (value := getattr(record, name)) is not None:
                 mapping[name] = value
         async with self.redis.pipeline(transaction=False) as pipe:

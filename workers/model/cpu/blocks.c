@@ -899,10 +899,11 @@ BY_COUNT(avx2_q4_1)
 BY_COUNT(avx2_q5_0)
 BY_COUNT(avx2_q5_1)
 BY_COUNT(avx2_q8_0)
-/* The K family holds three sums a row: more than 4 rows at once spill them from the registers. */
-#define BY_COUNT_4(NAME)                                                                                \
+/* At most 4 input rows a pass: the K family holds three sums a row, the interleaved products (OUTS: 8
+   outputs an input row) eight rows' sums in 2 to 4 registers a row; more spill them from the registers. */
+#define BY_FOURS(NAME, OUTS)                                                                            \
     static void NAME(const void *w, const void *const *x, int nx, int64_t nb, float *out) {            \
-        for (; nx > 4; nx -= 4, x += 4, out += 4) NAME##_n(w, x, 4, nb, out);                           \
+        for (; nx > 4; nx -= 4, x += 4, out += 4 * (OUTS)) NAME##_n(w, x, 4, nb, out);                  \
         switch (nx) {                                                                                   \
         case 1: NAME##_n(w, x, 1, nb, out); break;                                                     \
         case 2: NAME##_n(w, x, 2, nb, out); break;                                                     \
@@ -910,21 +911,10 @@ BY_COUNT(avx2_q8_0)
         default: NAME##_n(w, x, 4, nb, out); break;                                                    \
         }                                                                                               \
     }
-/* The interleaved products, 4 input rows at a time: eight weight rows' sums take 4 registers a row */
-#define BY_COUNT_X8(NAME)                                                                               \
-    static void NAME(const void *w, const void *const *x, int nx, int64_t nb, float *out) {            \
-        for (; nx > 4; nx -= 4, x += 4, out += 32) NAME##_n(w, x, 4, nb, out);                          \
-        switch (nx) {                                                                                   \
-        case 1: NAME##_n(w, x, 1, nb, out); break;                                                     \
-        case 2: NAME##_n(w, x, 2, nb, out); break;                                                     \
-        case 3: NAME##_n(w, x, 3, nb, out); break;                                                     \
-        default: NAME##_n(w, x, 4, nb, out); break;                                                    \
-        }                                                                                               \
-    }
-BY_COUNT_X8(avx2_q4_K_x8)
-BY_COUNT_X8(avx2_q6_K_x8)
-BY_COUNT_4(avx2_q4_K)
-BY_COUNT_4(avx2_q5_K)
+BY_FOURS(avx2_q4_K, 1)
+BY_FOURS(avx2_q5_K, 1)
+BY_FOURS(avx2_q4_K_x8, 8)
+BY_FOURS(avx2_q6_K_x8, 8)
 BY_COUNT(avx2_q6_K)
 BY_COUNT(avx2_f32)
 BY_COUNT(avx2_f16)

@@ -108,12 +108,32 @@ def _gguf(shape: str, fmt: str, work: Path, source: Path) -> Path:
     f16 = work / f"{shape}-f16.gguf"
     if not f16.exists():
         model = _random_model(shape, work)
-        subprocess.run([sys.executable, str(source / "convert_hf_to_gguf.py"), str(model), "--outfile",
+        subprocess.run([sys.executable, "-c", _CONVERT, str(source / "convert_hf_to_gguf.py"), str(model), "--outfile",
                         str(f16.with_suffix(".tmp")), "--outtype", "f16"], check=True)
         f16.with_suffix(".tmp").rename(f16)
     if fmt != "F16":
         _quantize(f16, path, FTYPES[fmt])
     return path
+
+
+# llama.cpp's converter, with the tokenizer the directory's tokenizer.json defines: transformers 5 picks a
+# class by the model's type (Qwen2's own pre-tokenizer for a qwen2 directory), whose tokens the converter
+# does not recognise for SmolLM2's vocabulary
+_CONVERT = """
+import runpy, sys
+from pathlib import Path
+import transformers
+original = transformers.AutoTokenizer.from_pretrained
+def from_pretrained(path, *args, **kwargs):
+    file = Path(path) / "tokenizer.json"
+    if file.exists():
+        return transformers.PreTrainedTokenizerFast(tokenizer_file=str(file))
+    return original(path, *args, **kwargs)
+transformers.AutoTokenizer.from_pretrained = from_pretrained
+sys.argv = sys.argv[1:]
+sys.path.insert(0, str(Path(sys.argv[0]).parent))
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
 
 
 def _random_model(shape: str, work: Path) -> Path:

@@ -62,6 +62,7 @@ enum { A_Q8_0 = 0, A_Q8_1 = 1, A_Q8_K = 2, A_F32 = 3, A_KINDS = 4 };
 #define ROWS_AT_ONCE 8  /* input rows per pass over a weight row's blocks */
 #define TILE_INPUTS 64  /* a prompt's input rows per tile */
 #define TILE_WEIGHTS 16 /* weight rows per tile */
+#define TILES_TAKEN 4   /* tiles a thread takes at once while decoding */
 
 typedef struct { uint16_t d; uint8_t qs[QK / 2]; } block_q4_0;
 typedef struct { uint16_t d, m; uint8_t qs[QK / 2]; } block_q4_1;
@@ -1096,6 +1097,7 @@ typedef struct {
     const uint8_t *inputs[A_KINDS]; /* the inputs in each form the parts take */
     int64_t input_bytes[A_KINDS];
     float *out;                     /* [nx, columns] */
+    atomic_llong next;              /* the first tile of weight rows no thread has taken */
 } product_job;
 
 /* Output columns c0..c1-1 of every input row. */
@@ -1130,20 +1132,28 @@ static void product_columns(const product_job *job, int64_t c0, int64_t c1) {
     }
 }
 
+/* Each thread takes the next few tiles of weight rows until none are left: a thread the system holds up
+   (another process on its core) leaves its share to the others instead of making every one wait. Whole
+   tiles, so that threads do not write the same cache lines. */
 static void product_part(void *context, int part_number, int parts) {
-    const product_job *job = context;
-    /* shares in whole tiles of weight rows, so that threads do not write the same cache lines */
-    int64_t tiles = (job->columns + TILE_WEIGHTS - 1) / TILE_WEIGHTS;
-    int64_t c0 = tiles * part_number / parts * TILE_WEIGHTS, c1 = tiles * (part_number + 1) / parts * TILE_WEIGHTS;
-    if (c1 > job->columns) c1 = job->columns;
-    for (int64_t c = c0; c < c1; c += TILE_WEIGHTS)
-        product_columns(job, c, c + TILE_WEIGHTS < c1 ? c + TILE_WEIGHTS : c1);
+    (void)part_number;
+    (void)parts;
+    product_job *job = context;
+    const int64_t tiles = (job->columns + TILE_WEIGHTS - 1) / TILE_WEIGHTS;
+    const int64_t take = job->nx >= TILE_INPUTS ? 1 : TILES_TAKEN; /* a prompt's tile is much work already */
+    for (;;) {
+        int64_t first = atomic_fetch_add_explicit(&job->next, take, memory_order_relaxed);
+        if (first >= tiles) return;
+        int64_t c1 = (first + take) * TILE_WEIGHTS < job->columns ? (first + take) * TILE_WEIGHTS : job->columns;
+        for (int64_t c = first * TILE_WEIGHTS; c < c1; c += TILE_WEIGHTS)
+            product_columns(job, c, c + TILE_WEIGHTS < c1 ? c + TILE_WEIGHTS : c1);
+    }
 }
 
 /* out [nx, sum of rows] = x [nx, k] (float32) times the parts' rows. Returns 0; -1 for a type it does not
    take or a k not a multiple of a part's block; -2 where memory for the quantised inputs ran out. */
 int blocks_matmul(const float *x, int64_t nx, int64_t k, const part *parts, int64_t nparts, float *out) {
-    product_job job = {parts, nparts, k, nx, 0, {NULL}, {0}, out};
+    product_job job = {parts, nparts, k, nx, 0, {NULL}, {0}, out, 0};
     if (nx <= 0) return 0;
     int needed[A_KINDS] = {0};
     for (int64_t p = 0; p < nparts; p++) {

@@ -27,6 +27,7 @@ from tests.support import (
     bearer,
     body,
     free_port,
+    run_lmsp,
     service_env,
 )
 
@@ -184,8 +185,7 @@ async def test_token_cli_create_list_revoke(secure_api: Api, secure: httpx.Async
     env = service_env(redis_server.url)
 
     def lmsp(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "lmsp.cli", "token", *args], env=env, cwd=ROOT,
-                              capture_output=True, text=True, timeout=60)
+        return run_lmsp("token", *args, env=env)
 
     created = lmsp("create", "--principal", "cli-user", "--scopes", "models:read,tasks:read")
     assert created.returncode == 0, created.stderr

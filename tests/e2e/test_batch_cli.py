@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from lmsp.client import AsyncClient, BadRequestError, Batch, NotFoundError, RequestCounts
-from tests.support import ROOT, Api, Worker, service_env
+from tests.support import ROOT, Api, Worker, run_lmsp, service_env
 
 CHAT = "/v1/chat/completions"
 
@@ -38,8 +38,7 @@ def command(api: Api, *args: str) -> list[str]:
 
 
 def lmsp(api: Api, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(command(api, *args), capture_output=True, text=True, env=service_env("redis://unused"),
-                          cwd=ROOT, timeout=120)
+    return run_lmsp(*args, "--url", api.url, env=service_env("redis://unused"))
 
 
 def in_progress(api: Api, batch_id: str, timeout: float = 30) -> None:

@@ -22,7 +22,7 @@ from lmsp_core.requests.modelfiles import package_file
 from lmsp_core.settings import Settings
 from lmsp_core.store.tenants import principals
 from lmsp_core.store.tenants.principals import PrincipalSettings
-from tests.support import ROOT, RedisServer, body, free_port, service_env, wait_port
+from tests.support import ROOT, RedisServer, body, free_port, run_lmsp, service_env, wait_port
 
 
 def descendants(pid: int) -> set[int]:
@@ -159,8 +159,7 @@ async def test_lmsp_principal_sets_shows_and_lists_weights_and_quotas(redis_serv
     env = service_env(redis_server.url)
 
     def lmsp(*args: str, **settings: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "lmsp.cli", "principal", *args], env={**env, **settings},
-                              cwd=ROOT, capture_output=True, text=True, timeout=60)
+        return run_lmsp("principal", *args, env={**env, **settings})
 
     def line(result: subprocess.CompletedProcess[str]) -> str:
         assert result.returncode == 0 and result.stdout.count("\n") == 1, result

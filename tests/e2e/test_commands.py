@@ -7,13 +7,11 @@ import sys
 
 import httpx
 
-from tests.support import ROOT, Api, Worker, service_env
+from tests.support import ROOT, Api, Worker, run_lmsp, service_env
 
 
 def lmsp(api: Api, *args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
-    env = service_env("redis://unused") | {"LMSP_URL": api.url}
-    return subprocess.run([sys.executable, "-m", "lmsp.cli", *args], input=stdin, capture_output=True, text=True,
-                          env=env, cwd=ROOT, timeout=120)
+    return run_lmsp(*args, env=service_env("redis://unused") | {"LMSP_URL": api.url}, stdin=stdin)
 
 
 def stored_text(api: Api, task_id: str) -> str:

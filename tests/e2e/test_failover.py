@@ -15,8 +15,6 @@ new event, what followers saw twice or lost) are printed: ``pytest -s tests/e2e/
 import asyncio
 import contextlib
 import itertools
-import subprocess
-import sys
 import time
 from collections.abc import AsyncIterator
 
@@ -37,7 +35,7 @@ from tests.failover import (
 )
 from tests.faults import Group
 from tests.replication import UNUSED_URL, ReplicatedRedis
-from tests.support import service_env, wait_for
+from tests.support import run_lmsp, service_env, wait_for
 
 
 @pytest_asyncio.fixture(scope="module")
@@ -80,12 +78,10 @@ def test_lmsp_token_finds_the_primary_through_the_sentinels(group: Group) -> Non
     flags = ["--redis-url", redis.settings["redis_url"], "--redis-sentinels", redis.settings["redis_sentinels"],
              "--redis-master", redis.settings["redis_master"]]
     env = service_env(UNUSED_URL)
-    created = subprocess.run([sys.executable, "-m", "lmsp.cli", "token", "create", "--principal", "failover",
-                              "--scopes", "tasks:read", *flags], capture_output=True, text=True, env=env, timeout=60)
+    created = run_lmsp("token", "create", "--principal", "failover", "--scopes", "tasks:read", *flags, env=env)
     assert created.returncode == 0, created.stderr
     assert created.stdout.strip() and "warning" not in created.stderr  # a replica confirmed it
-    listed = subprocess.run([sys.executable, "-m", "lmsp.cli", "token", "list", *flags], capture_output=True, text=True,
-                            env=env, timeout=60)
+    listed = run_lmsp("token", "list", *flags, env=env)
     assert listed.returncode == 0 and "\tfailover\ttasks:read\t" in listed.stdout, listed.stderr
 
 

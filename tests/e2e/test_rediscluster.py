@@ -27,7 +27,7 @@ from lmsp_core.store import cluster, connections, keys
 from tests.failover import MODEL, TASKS, Follower, check, generate_through, new_requests_succeed, request, serving
 from tests.faults import Group, assert_exactly_once, text_of
 from tests.rediscluster import LocalCluster
-from tests.support import Api, assert_problem, body, free_port, service_env, wait_for
+from tests.support import Api, assert_problem, body, free_port, run_lmsp, service_env, wait_for
 
 SPREAD_TASKS = 900  # random ids: a shard's share of 900 is within 20% of a third but for 1 run in 10,000
 
@@ -152,12 +152,10 @@ async def _has_events(group: Group, task_id: str, count: int) -> bool:
 def test_lmsp_token_works_on_the_cluster(group: Group) -> None:
     flags = ["--redis-cluster", nodes_of(group).settings["redis_cluster"]]
     env = service_env(nodes_of(group).settings["redis_url"])
-    created = subprocess.run([sys.executable, "-m", "lmsp.cli", "token", "create", "--principal", "sharded",
-                              "--scopes", "tasks:read", *flags], capture_output=True, text=True, env=env, timeout=60)
+    created = run_lmsp("token", "create", "--principal", "sharded", "--scopes", "tasks:read", *flags, env=env)
     assert created.returncode == 0, created.stderr
     assert created.stdout.strip() and "warning" not in created.stderr  # the {auth} shard's replica confirmed it
-    listed = subprocess.run([sys.executable, "-m", "lmsp.cli", "token", "list", *flags], capture_output=True,
-                            text=True, env=env, timeout=60)
+    listed = run_lmsp("token", "list", *flags, env=env)
     assert listed.returncode == 0 and "\tsharded\ttasks:read\t" in listed.stdout, listed.stderr
 
 

@@ -9,7 +9,6 @@ targets and retries after a second.
 import json
 import signal
 import subprocess
-import sys
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -22,7 +21,6 @@ import pytest_asyncio
 
 from lmsp_core.store.tenants import credentials
 from tests.support import (
-    ROOT,
     Api,
     Received,
     Receiver,
@@ -35,6 +33,7 @@ from tests.support import (
     body,
     chat_line,
     run_batch,
+    run_lmsp,
     running,
     service_env,
     until_final,
@@ -303,8 +302,7 @@ def test_the_cli_manages_endpoints(hooks_redis: RedisServer, hooks_api: Api) -> 
     env = service_env(hooks_redis.url)
 
     def lmsp(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "lmsp.cli", "webhook", *args], capture_output=True, text=True,
-                              env=env, cwd=ROOT, timeout=60)
+        return run_lmsp("webhook", *args, env=env)
 
     principal = f"cli-{uuid.uuid4().hex[:8]}"
     created = lmsp("create", "--principal", principal, "--url", "https://8.8.8.8/hook", "--events",

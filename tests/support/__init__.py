@@ -4,6 +4,7 @@
 - ``waiting``: polling a condition, waiting for a port.
 - ``redisservers``: redis-server and Sentinel processes on free ports.
 - ``services``: our processes (``lmsp api``, ``lmsp worker``) and the environment they run with.
+- ``commands``: an ``lmsp`` command run in the test process, as its console script runs it.
 - ``sse``: server-sent events as a client reads them; the checks of a task's event log.
 - ``problems``: the problem documents (RFC 9457) of every refusal.
 - ``requests``: request bodies; output items carried into the next turn.
@@ -22,6 +23,7 @@ and ``tests/unit/tasks.py``. Test files never import from one another.
 
 from lmsp_core.ports import free_port
 from tests.support.batches import CHAT, batch_lines, chat_line, jsonl, run_batch, until_final
+from tests.support.commands import run_lmsp
 from tests.support.models import (
     REASONING_BUDGET,
     REASONING_TEMPLATE,
@@ -48,6 +50,6 @@ __all__ = [
     "SentinelServer", "Service", "SseEvent", "TokenFactory", "Worker", "as_input", "assert_complete_log",
     "assert_problem", "assert_valid_calls", "batch_lines", "bearer", "body", "chat_line", "collect",
     "final_status", "free_port", "hf_cache", "jsonl", "logged", "redis_binary", "render", "run_batch",
-    "running", "service_env", "sse_events", "task_of_response", "tasks_of", "tiny_model_dir", "tiny_spec",
+    "run_lmsp", "running", "service_env", "sse_events", "task_of_response", "tasks_of", "tiny_model_dir", "tiny_spec",
     "until_final", "user_input", "wait_for", "wait_port",
 ]

@@ -36,7 +36,7 @@ from tests.support import (
 # models only the tests use; "tiny-unserved" never gets a worker
 TEST_MODELS: list[dict[str, Any]] = [
     tiny_spec("tiny-unserved"),
-    # its worker is configured with a 24-token context window (see test_failures.py)
+    # its worker (``variant_worker``) is configured with a 24-token context window (see test_failures.py)
     tiny_spec("tiny-mismatch"),
     # never gets a worker; its queue holds at most two tasks (see test_limits.py)
     tiny_spec("tiny-queue", max_queue_depth=2),
@@ -85,10 +85,21 @@ async def tiny_worker(redis_server: RedisServer, models_file: str) -> AsyncItera
         yield worker
 
 
+@pytest.fixture(scope="session")
+def variant_models_file(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The catalog of ``variant_worker``: the tests' own, but for a 24-token context window of
+    tiny-mismatch, smaller than the API's, so that the API accepts what the worker refuses."""
+    mismatch = tiny_spec("tiny-mismatch", context_window=24, max_output_tokens=16)
+    path = tmp_path_factory.mktemp("variant") / "models.json"
+    path.write_text(json.dumps([mismatch if spec["id"] == "tiny-mismatch" else spec for spec in TEST_MODELS]))
+    return str(path)
+
+
 @pytest_asyncio.fixture(scope="session")
-async def variant_worker(redis_server: RedisServer, models_file: str) -> AsyncIterator[Worker]:
+async def variant_worker(redis_server: RedisServer, variant_models_file: str) -> AsyncIterator[Worker]:
     """One more worker, started by the first test that needs it, for the test-only model variants."""
-    async with running(Worker(redis_server.url, ["tiny-reasoning", "tiny-serial"], models_file=models_file)) as worker:
+    models = ["tiny-reasoning", "tiny-serial", "tiny-mismatch"]
+    async with running(Worker(redis_server.url, models, models_file=variant_models_file)) as worker:
         yield worker
 
 

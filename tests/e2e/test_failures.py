@@ -1,36 +1,20 @@
 """A generation that fails is answered with a problem document (sync), ends with response.failed
 (stream and tasks), and leaves the task failed with its error.
 
-The failure is real: the worker for ``tiny-mismatch`` runs with a catalog whose context window is
-smaller than the API's, so the API accepts the request and the worker refuses it.
+The failure is real: the worker for ``tiny-mismatch`` (the session's ``variant_worker``) runs with a
+catalog whose context window is smaller than the API's, so the API accepts the request and the worker
+refuses it.
 """
-
-import json
-from collections.abc import AsyncIterator
 
 import httpx
 import openai
 import pytest
-import pytest_asyncio
 
 from lmsp_core import wire
-from tests.support import Api, RedisServer, Worker, assert_problem, body, collect, logged, tiny_spec
+from tests.support import Api, Worker, assert_problem, body, collect, logged
 
 
-@pytest_asyncio.fixture(scope="module")
-async def mismatch_worker(redis_server: RedisServer,
-                          tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Worker]:
-    path = tmp_path_factory.mktemp("mismatch") / "models.json"
-    path.write_text(json.dumps([tiny_spec("tiny-mismatch", context_window=24, max_output_tokens=16)]))
-    worker = Worker(redis_server.url, ["tiny-mismatch"], models_file=str(path))
-    worker.start()
-    try:
-        yield await worker.ready()
-    finally:
-        worker.stop()
-
-
-async def test_failed_generation_everywhere(api: Api, mismatch_worker: Worker) -> None:
+async def test_failed_generation_everywhere(api: Api, variant_worker: Worker) -> None:
     request = body(model="tiny-mismatch", text="a prompt longer than twenty-four tokens " * 3, max_output_tokens=8)
     async with httpx.AsyncClient(base_url=api.url, timeout=60) as client:
         sync = await client.post("/lmsp/v1/responses", json=request)
@@ -51,7 +35,7 @@ async def test_failed_generation_everywhere(api: Api, mismatch_worker: Worker) -
         assert final["response"]["status"] == "failed" and final["response"]["error"] == final["error"]
 
 
-async def test_failed_generation_through_the_openai_routes(api: Api, mismatch_worker: Worker) -> None:
+async def test_failed_generation_through_the_openai_routes(api: Api, variant_worker: Worker) -> None:
     text = "a prompt longer than twenty-four tokens " * 3
     async with openai.AsyncOpenAI(base_url=f"{api.url}/v1", api_key="unused", max_retries=0) as sdk:
         with pytest.raises(openai.BadRequestError) as sync:

@@ -63,6 +63,60 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     backends.parametrize(metafunc)
 
 
+# --- the fast tier: ``scripts/test --fast`` (``pytest --fast``), the edit loop ------------------------
+
+# Every test of tests/unit and tests/engine, and these end-to-end files, which between them take every
+# route once, resume, cancel and one fault, on the single Redis (their runs on the cluster stay in the
+# whole suite, as do the tests marked smollm2 or slow). A new end-to-end file is in the whole suite only.
+FAST_E2E = {
+    "test_responses.py",  # LMSP responses: synchronous, streamed, a closed stream cancels
+    "test_tasks.py",  # tasks: create, follow, resume (Last-Event-ID, after), cancel queued and running
+    "test_openai.py",  # /v1 through the official client: responses, chat, background, resume, cancel
+    "test_openai_access.py",  # every /v1 route (files and batches too) and its error objects
+    "test_models.py",
+    "test_problems.py",
+    "test_failures.py",  # the fault: a worker refuses a task, which ends failed
+}
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--fast", action="store_true", help="run the fast tier only (tests marked fast)")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "fast: in the fast tier (given by tests/conftest.py, FAST_E2E)")
+    config.addinivalue_line("markers", "slow: most of a minute alone; in the whole suite, not the fast tier")
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """With ``--fast``, the other end-to-end files are not even imported (some build an app to collect)."""
+    here = Path(__file__).parent / "e2e"
+    if config.getoption("--fast") and collection_path.parent == here and collection_path.name.startswith("test_"):
+        return collection_path.name not in FAST_E2E or None
+    return None
+
+
+@pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects by marker
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if _in_fast_tier(item):
+            item.add_marker(pytest.mark.fast)
+    if config.getoption("--fast"):
+        kept = [item for item in items if item.get_closest_marker("fast")]
+        config.hook.pytest_deselected(items=[item for item in items if not item.get_closest_marker("fast")])
+        items[:] = kept
+
+
+def _in_fast_tier(item: pytest.Item) -> bool:
+    path = item.path.relative_to(Path(__file__).parent)
+    callspec = getattr(item, "callspec", None)
+    if item.get_closest_marker("smollm2") or item.get_closest_marker("slow"):
+        return False
+    if callspec is not None and callspec.params.get("backend") == "cluster":
+        return False
+    return path.parts[0] in ("unit", "engine") or (path.parts[0] == "e2e" and path.name in FAST_E2E)
+
+
 @pytest.fixture(scope="session")
 def models_file() -> Iterator[str]:
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as handle:

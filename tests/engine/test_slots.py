@@ -818,6 +818,7 @@ def test_whether_chunks_take_decoding_rows_along_is_measured_once(tmp_path: Path
     assert merged > 0 and apart > 0
 
 
+@pytest.mark.slow  # torch.compile: most of a minute
 @pytest.mark.filterwarnings("ignore::DeprecationWarning:torch")  # torch's own imports while compiling
 async def test_the_compiled_step_decodes_as_the_eager_one(tiny: loader.LoadedModel) -> None:
     from workers.main import compiled_cache

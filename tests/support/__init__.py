@@ -17,8 +17,9 @@
 
 Beside this package: ``tests/rediscluster.py`` (a local Redis Cluster), ``tests/replication.py`` and
 ``tests/failover.py`` (Sentinel), ``tests/faults.py`` (killing and restarting processes),
-``tests/proxy.py``, ``tests/backends.py`` (a test on both Redis deployments), ``tests/engine/support.py``
-and ``tests/unit/tasks.py``. Test files never import from one another.
+``tests/proxy.py``, ``tests/otlp.py`` (an OTLP receiver), ``tests/backends.py`` (a test on both Redis
+deployments), ``tests/engine/support.py`` and ``tests/unit/tasks.py``. Test files never import from one
+another.
 """
 
 from lmsp_core.ports import free_port

@@ -21,6 +21,7 @@
 
 #include <math.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -972,23 +973,29 @@ static row_product product_of(int64_t type) {
 
 /* --- the threads --------------------------------------------------------------------------------------- */
 
-/* A job: work(context, part, parts) for part 0..parts-1, part 0 on the calling thread. The others wait
-   for jobs spinning a little (a step's products come one after another), then on a futex. */
-typedef void (*job_fn)(void *context, int part, int parts);
+/* A job: work(context, task) for tasks 0..tasks-1, which the calling thread and the helpers claim one at
+   a time until none is left: a thread the system holds up (another process on its core) leaves its
+   share to the others, and nobody waits for a helper that claimed nothing. Helpers wait for jobs
+   spinning a little (a step's products come one after another), then on a futex. */
+typedef void (*job_fn)(void *context, int64_t task);
 
 #define MAX_THREADS 256
 #define SPIN_NS 200000
+/* the claim word: the job's number (24 bits), its tasks (20), the next task to claim (20) */
+#define CLAIM_BITS 20
+#define CLAIM_MASK ((1ull << CLAIM_BITS) - 1)
+#define MAX_TASKS ((int64_t)CLAIM_MASK)
 
 static struct {
     pthread_mutex_t lock;
     int started;                 /* threads running beside the caller */
     int wanted;                  /* threads a job is split between, the caller included */
-    _Atomic uint32_t generation; /* the job's number */
-    _Atomic int done;            /* helpers done with the current job */
+    _Atomic uint32_t generation; /* bumped for each job: what helpers wait on */
+    _Atomic uint64_t claim;      /* the current job's claim word */
+    _Atomic int64_t finished;    /* its tasks done */
     job_fn work;
     void *context;
-    int parts;
-} pool = {PTHREAD_MUTEX_INITIALIZER, 0, 1, 0, 0, NULL, NULL, 1};
+} pool = {PTHREAD_MUTEX_INITIALIZER, 0, 1, 0, 0, 0, NULL, NULL};
 
 static int64_t now_ns(void) {
     struct timespec t;
@@ -1018,14 +1025,30 @@ static void wait_for(uint32_t seen) {
     }
 }
 
+/* Claim and run the current job's tasks until none is left. A claim succeeds only on the word of a job
+   whose tasks are not all claimed, and the caller waits until every claimed task is done before it
+   starts another job: the work and context read after a claim are that job's. */
+static void take_tasks(void) {
+    uint64_t word = atomic_load_explicit(&pool.claim, memory_order_acquire);
+    for (;;) {
+        uint64_t next = word & CLAIM_MASK, tasks = (word >> CLAIM_BITS) & CLAIM_MASK;
+        if (next >= tasks) return;
+        if (!atomic_compare_exchange_weak_explicit(&pool.claim, &word, word + 1, memory_order_acq_rel,
+                                                   memory_order_acquire))
+            continue;
+        pool.work(pool.context, (int64_t)next);
+        atomic_fetch_add_explicit(&pool.finished, 1, memory_order_acq_rel);
+        word = atomic_load_explicit(&pool.claim, memory_order_acquire);
+    }
+}
+
 static void *helper_main(void *argument) {
-    int part = (int)(intptr_t)argument;
+    int number = (int)(intptr_t)argument; /* 1.. : the caller is 0 */
     uint32_t seen = 0;
     for (;;) {
         wait_for(seen);
         seen = atomic_load_explicit(&pool.generation, memory_order_acquire);
-        if (part < pool.parts) pool.work(pool.context, part, pool.parts);
-        atomic_fetch_add_explicit(&pool.done, 1, memory_order_acq_rel);
+        if (number < pool.wanted) take_tasks();
     }
     return NULL;
 }
@@ -1064,22 +1087,29 @@ int blocks_threads(int threads) {
     return wanted;
 }
 
-static void run_job(job_fn work, void *context, int parts) {
-    if (parts <= 1 || pool.started == 0) {
-        work(context, 0, 1);
+static void run_job(job_fn work, void *context, int64_t tasks) {
+    if (tasks <= 1 || pool.started == 0 || pool.wanted <= 1 || tasks > MAX_TASKS) {
+        for (int64_t task = 0; task < tasks; task++) work(context, task);
         return;
     }
     pthread_mutex_lock(&pool.lock); /* one job at a time in this process */
+    static uint32_t number = 0;
+    number = (number + 1) & 0xFFFFFF;
     pool.work = work;
     pool.context = context;
-    pool.parts = parts;
-    atomic_store_explicit(&pool.done, 0, memory_order_release);
+    atomic_store_explicit(&pool.finished, 0, memory_order_relaxed);
+    atomic_store_explicit(&pool.claim, ((uint64_t)number << (2 * CLAIM_BITS)) | ((uint64_t)tasks << CLAIM_BITS),
+                          memory_order_release);
     atomic_fetch_add_explicit(&pool.generation, 1, memory_order_acq_rel);
 #if defined(__linux__)
-    syscall(SYS_futex, &pool.generation, FUTEX_WAKE_PRIVATE, MAX_THREADS, NULL, NULL, 0);
+    syscall(SYS_futex, &pool.generation, FUTEX_WAKE_PRIVATE, pool.wanted - 1, NULL, NULL, 0);
 #endif
-    work(context, 0, parts);
-    while (atomic_load_explicit(&pool.done, memory_order_acquire) < pool.started) relax();
+    take_tasks();
+    /* the tasks helpers claimed; yield now and then, in case one waits for this core */
+    for (unsigned spins = 1; atomic_load_explicit(&pool.finished, memory_order_acquire) < tasks; spins++) {
+        if (spins % 1024) relax();
+        else sched_yield();
+    }
     pthread_mutex_unlock(&pool.lock);
 }
 
@@ -1097,7 +1127,6 @@ typedef struct {
     const uint8_t *inputs[A_KINDS]; /* the inputs in each form the parts take */
     int64_t input_bytes[A_KINDS];
     float *out;                     /* [nx, columns] */
-    atomic_llong next;              /* the first tile of weight rows no thread has taken */
 } product_job;
 
 /* Output columns c0..c1-1 of every input row. */
@@ -1132,28 +1161,22 @@ static void product_columns(const product_job *job, int64_t c0, int64_t c1) {
     }
 }
 
-/* Each thread takes the next few tiles of weight rows until none are left: a thread the system holds up
-   (another process on its core) leaves its share to the others instead of making every one wait. Whole
-   tiles, so that threads do not write the same cache lines. */
-static void product_part(void *context, int part_number, int parts) {
-    (void)part_number;
-    (void)parts;
-    product_job *job = context;
-    const int64_t tiles = (job->columns + TILE_WEIGHTS - 1) / TILE_WEIGHTS;
-    const int64_t take = job->nx >= TILE_INPUTS ? 1 : TILES_TAKEN; /* a prompt's tile is much work already */
-    for (;;) {
-        int64_t first = atomic_fetch_add_explicit(&job->next, take, memory_order_relaxed);
-        if (first >= tiles) return;
-        int64_t c1 = (first + take) * TILE_WEIGHTS < job->columns ? (first + take) * TILE_WEIGHTS : job->columns;
-        for (int64_t c = first * TILE_WEIGHTS; c < c1; c += TILE_WEIGHTS)
-            product_columns(job, c, c + TILE_WEIGHTS < c1 ? c + TILE_WEIGHTS : c1);
-    }
+/* A task: a few tiles of weight rows (one for a prompt's rows: much work already), whole tiles so that
+   threads do not write the same cache lines. */
+static int64_t tiles_a_task(const product_job *job) { return job->nx >= TILE_INPUTS ? 1 : TILES_TAKEN; }
+
+static void product_task(void *context, int64_t task) {
+    const product_job *job = context;
+    const int64_t take = tiles_a_task(job), first = task * take * TILE_WEIGHTS;
+    const int64_t c1 = first + take * TILE_WEIGHTS < job->columns ? first + take * TILE_WEIGHTS : job->columns;
+    for (int64_t c = first; c < c1; c += TILE_WEIGHTS)
+        product_columns(job, c, c + TILE_WEIGHTS < c1 ? c + TILE_WEIGHTS : c1);
 }
 
 /* out [nx, sum of rows] = x [nx, k] (float32) times the parts' rows. Returns 0; -1 for a type it does not
    take or a k not a multiple of a part's block; -2 where memory for the quantised inputs ran out. */
 int blocks_matmul(const float *x, int64_t nx, int64_t k, const part *parts, int64_t nparts, float *out) {
-    product_job job = {parts, nparts, k, nx, 0, {NULL}, {0}, out, 0};
+    product_job job = {parts, nparts, k, nx, 0, {NULL}, {0}, out};
     if (nx <= 0) return 0;
     int needed[A_KINDS] = {0};
     for (int64_t p = 0; p < nparts; p++) {
@@ -1181,9 +1204,8 @@ int blocks_matmul(const float *x, int64_t nx, int64_t k, const part *parts, int6
         job.inputs[kind] = buffers[kind];
     }
     if (status == 0) {
-        int64_t tiles = (job.columns + TILE_WEIGHTS - 1) / TILE_WEIGHTS;
-        int parts_wanted = pool.wanted < tiles ? pool.wanted : (int)tiles;
-        run_job(product_part, &job, parts_wanted);
+        int64_t tiles = (job.columns + TILE_WEIGHTS - 1) / TILE_WEIGHTS, take = tiles_a_task(&job);
+        run_job(product_task, &job, (tiles + take - 1) / take);
     }
     for (int kind = 0; kind < A_KINDS; kind++) free(buffers[kind]);
     return status;

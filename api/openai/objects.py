@@ -139,6 +139,14 @@ class Response(_Obj, frozen=True, kw_only=True):
     parallel_tool_calls: bool = False  # the service's default: one call per response
     temperature: float
     top_p: float
+    # Open Responses' ResponseResource requires these five: no penalty is applied (a request may only
+    # ask for 0), top_logprobs is what the request asked for, and neither reasoning nor max_tool_calls
+    # is a parameter this service takes (400 unsupported_parameter), so both are null
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    top_logprobs: int = 0
+    reasoning: None = None
+    max_tool_calls: None = None
     tool_choice: Literal["auto", "none", "required"] | NamedFunction = "auto"
     tools: list[FunctionTool] = msgspec.field(default_factory=list)
     text: TextConfig

@@ -101,6 +101,9 @@ class ResponsesRequest(ClientOptions, frozen=True, kw_only=True):
     include: list[str] | None = None
     top_logprobs: int | None = None
     max_tool_calls: int | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+
 
 
 # --- Chat Completions -----------------------------------------------------------------------------

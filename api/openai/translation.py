@@ -83,7 +83,17 @@ def stored(body: oa.ResponsesRequest, spec: ModelSpec) -> bool:
     return body.store
 
 
+# parameters both routes accept only with the value that asks for what the service does: (name, allowed, message)
+_PENALTIES: list[tuple[str, Any, str]] = [
+    ("frequency_penalty", (None, 0), "frequency_penalty is not supported (only 0)."),
+    ("presence_penalty", (None, 0), "presence_penalty is not supported (only 0)."),
+]
+
+
 def _check_response_options(body: oa.ResponsesRequest) -> None:
+    for name, allowed, message in _PENALTIES:
+        if getattr(body, name) not in allowed:
+            raise unsupported(name, message)
     if body.truncation == "auto":
         raise unsupported("truncation", "truncation: auto is not supported: input that does not fit the context "
                                         "window is refused (context_length_exceeded).")
@@ -314,8 +324,7 @@ def chat_request(body: oa.ChatRequest, spec: ModelSpec) -> wire.ResponseRequest:
 
 _NO_EFFECT: list[tuple[str, Any, str]] = [
     ("n", (None, 1), "One choice is returned (n: 1)."),
-    ("frequency_penalty", (None, 0), "frequency_penalty is not supported (only 0)."),
-    ("presence_penalty", (None, 0), "presence_penalty is not supported (only 0)."),
+    *_PENALTIES,
     ("store", (None, False), "Chat completions are not stored (store: false); use /v1/responses to store."),
     ("modalities", (None, ["text"]), "Only the text modality is supported."),
 ]

@@ -161,6 +161,14 @@ class Response(_Obj, frozen=True, kw_only=True):
     safety_identifier: str | None = None
 
 
+class InputTokens(_Obj, frozen=True, kw_only=True):
+    """The answer of ``POST /v1/responses/input_tokens``: the tokens of the prompt a response with
+    the same input, instructions, tools and conversation would be given."""
+
+    object: Literal["response.input_tokens"] = "response.input_tokens"
+    input_tokens: int
+
+
 # --- stream events ---------------------------------------------------------------------------------
 # Each event has the `sequence_number` that docs/protocol.md ("OpenAI compatibility") defines.
 

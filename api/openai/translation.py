@@ -74,6 +74,22 @@ def responses_request(body: oa.ResponsesRequest, spec: ModelSpec) -> wire.Respon
     return request
 
 
+def counted_request(body: oa.InputTokensRequest, spec: ModelSpec) -> wire.ResponseRequest:
+    """The request whose prompt ``POST /v1/responses/input_tokens`` counts: what ``POST /v1/responses``
+    makes of the same input, instructions, tools and conversation, checked alike. Without ``input``,
+    the instructions alone (the system message they become)."""
+    given, instructions = body.input, body.instructions
+    if given is None:
+        if instructions is None:
+            raise InvalidRequest("Missing required parameter: 'input' (or 'instructions').",
+                                 extra={"param": "input"})
+        given, instructions = [{"role": "system", "content": instructions}], None
+    return responses_request(oa.ResponsesRequest(
+        model=body.model, input=given, instructions=instructions, tools=body.tools, tool_choice=body.tool_choice,
+        text=body.text, previous_response_id=body.previous_response_id,
+        parallel_tool_calls=body.parallel_tool_calls, truncation=body.truncation), spec)
+
+
 def stored(body: oa.ResponsesRequest, spec: ModelSpec) -> bool:
     """``store`` defaults to true, as on OpenAI, where the model can store responses."""
     if body.store is None:

@@ -74,6 +74,10 @@ INPUT: JsonSchema = {"anyOf": [{"type": "string"},
 
 BODIES: dict[type, StructDoc] = {
     rq.ResponsesRequest: StructDoc(fields={"input": INPUT, **CLIENT_OPTIONS, **PENALTIES}),
+    # input, or instructions alone
+    rq.InputTokensRequest: StructDoc(fields={"input": {"anyOf": [*INPUT["anyOf"], NULL]}}, rules=[
+        {"anyOf": [{"required": ["input"], "properties": {"input": {"not": NULL}}},
+                   {"required": ["instructions"], "properties": {"instructions": {"type": "string"}}}]}]),
     rq.ChatRequest: StructDoc(fields={
         "messages": {"type": "array", "minItems": 1, "items": CHAT_MESSAGE},
         **CLIENT_OPTIONS, **PENALTIES,

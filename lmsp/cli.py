@@ -194,7 +194,7 @@ def _service_main(args: argparse.Namespace) -> int:
 
         try:
             settings, models = _named_models(args, settings)
-        except ModelRefError as exc:
+        except (ModelRefError, ValueError) as exc:  # ValueError: a catalog setting that cannot work
             print(f"lmsp {args.command}: {exc}", file=sys.stderr)
             return 2
     if args.command == "api":
@@ -236,7 +236,11 @@ def _named_models(args: argparse.Namespace, settings: Settings) -> tuple[Setting
     catalog = Catalog.from_settings(settings)
     specs = modelpaths.resolve_all(references, catalog, overrides, Path(settings.model_cache),
                                    weights=args.command != "api")
-    return modelpaths.with_specs(settings, catalog, specs), [spec.id for spec in specs]
+    ids = [spec.id for spec in specs]
+    settings = modelpaths.with_specs(settings, catalog, specs)
+    if args.command != "worker":  # the API lists the models it is given, while their worker starts too
+        settings = settings.replace(listed_models=",".join(filter(None, [settings.listed_models, *ids])))
+    return settings, ids
 
 
 if __name__ == "__main__":

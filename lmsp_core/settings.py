@@ -47,6 +47,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     # the same list inline (JSON), added after it: the models named on the command line by path or
     # name (lmsp_core.requests.modelpaths), which `lmsp up` hands its worker this way
     model_specs: str = ""
+    # comma-separated catalog ids the model listings show whether or not a worker runs them ("*": the
+    # whole catalog); the specs of models_file and model_specs are listed anyway, the other built-in
+    # models only while a live worker runs them. `lmsp up` and `lmsp api` add the models they are given
+    listed_models: str = ""
     model_cache: str = msgspec.field(default_factory=_default_cache)
     # retention, enforced by Redis key expiry
     event_retention: Seconds = 3600.0

@@ -139,6 +139,14 @@ class Response(_Obj, frozen=True, kw_only=True):
     parallel_tool_calls: bool = False  # the service's default: one call per response
     temperature: float
     top_p: float
+    # Open Responses' ResponseResource requires these five: no penalty is applied (a request may only
+    # ask for 0), top_logprobs is what the request asked for, and neither reasoning nor max_tool_calls
+    # is a parameter this service takes (400 unsupported_parameter), so both are null
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    top_logprobs: int = 0
+    reasoning: None = None
+    max_tool_calls: None = None
     tool_choice: Literal["auto", "none", "required"] | NamedFunction = "auto"
     tools: list[FunctionTool] = msgspec.field(default_factory=list)
     text: TextConfig
@@ -151,6 +159,14 @@ class Response(_Obj, frozen=True, kw_only=True):
     prompt_cache_key: str | None = None
     user: str | None = None
     safety_identifier: str | None = None
+
+
+class InputTokens(_Obj, frozen=True, kw_only=True):
+    """The answer of ``POST /v1/responses/input_tokens``: the tokens of the prompt a response with
+    the same input, instructions, tools and conversation would be given."""
+
+    object: Literal["response.input_tokens"] = "response.input_tokens"
+    input_tokens: int
 
 
 # --- stream events ---------------------------------------------------------------------------------

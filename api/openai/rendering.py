@@ -43,7 +43,7 @@ class ResponseView:
             completed_at=completed_at, model=self.record.model, output=output, usage=usage, error=error,
             incomplete_details=incomplete, instructions=self._instructions(),
             temperature=request.temperature or 0.0,
-            top_p=request.known_extensions.top_p or 1.0,
+            top_p=request.known_extensions.top_p or 1.0, top_logprobs=self.options.logprobs or 0,
             tool_choice=_tool_choice(request.tool_choice), tools=[_tool(tool) for tool in request.tools or ()],
             text=self._text(), max_output_tokens=request.max_output_tokens,
             previous_response_id=request.previous_response_id, background=self.background, store=request.store,

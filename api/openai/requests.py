@@ -101,6 +101,23 @@ class ResponsesRequest(ClientOptions, frozen=True, kw_only=True):
     include: list[str] | None = None
     top_logprobs: int | None = None
     max_tool_calls: int | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+
+
+class InputTokensRequest(_Body, frozen=True, kw_only=True):
+    """Body of ``POST /v1/responses/input_tokens``: what shapes a response's prompt, without the
+    options of its generation. ``model`` is required: the count is the model's own tokenizer's."""
+
+    model: Model
+    input: str | list[dict[str, Any]] | None = None
+    instructions: str | None = None
+    tools: list[FunctionTool] | None = None
+    tool_choice: Literal["auto", "none", "required"] | NamedFunction | None = None
+    text: TextConfig | None = None
+    previous_response_id: ObjectId | None = None
+    parallel_tool_calls: bool | None = None
+    truncation: Literal["auto", "disabled"] | None = None
 
 
 # --- Chat Completions -----------------------------------------------------------------------------

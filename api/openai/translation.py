@@ -74,6 +74,22 @@ def responses_request(body: oa.ResponsesRequest, spec: ModelSpec) -> wire.Respon
     return request
 
 
+def counted_request(body: oa.InputTokensRequest, spec: ModelSpec) -> wire.ResponseRequest:
+    """The request whose prompt ``POST /v1/responses/input_tokens`` counts: what ``POST /v1/responses``
+    makes of the same input, instructions, tools and conversation, checked alike. Without ``input``,
+    the instructions alone (the system message they become)."""
+    given, instructions = body.input, body.instructions
+    if given is None:
+        if instructions is None:
+            raise InvalidRequest("Missing required parameter: 'input' (or 'instructions').",
+                                 extra={"param": "input"})
+        given, instructions = [{"role": "system", "content": instructions}], None
+    return responses_request(oa.ResponsesRequest(
+        model=body.model, input=given, instructions=instructions, tools=body.tools, tool_choice=body.tool_choice,
+        text=body.text, previous_response_id=body.previous_response_id,
+        parallel_tool_calls=body.parallel_tool_calls, truncation=body.truncation), spec)
+
+
 def stored(body: oa.ResponsesRequest, spec: ModelSpec) -> bool:
     """``store`` defaults to true, as on OpenAI, where the model can store responses."""
     if body.store is None:
@@ -83,7 +99,17 @@ def stored(body: oa.ResponsesRequest, spec: ModelSpec) -> bool:
     return body.store
 
 
+# parameters both routes accept only with the value that asks for what the service does: (name, allowed, message)
+_PENALTIES: list[tuple[str, Any, str]] = [
+    ("frequency_penalty", (None, 0), "frequency_penalty is not supported (only 0)."),
+    ("presence_penalty", (None, 0), "presence_penalty is not supported (only 0)."),
+]
+
+
 def _check_response_options(body: oa.ResponsesRequest) -> None:
+    for name, allowed, message in _PENALTIES:
+        if getattr(body, name) not in allowed:
+            raise unsupported(name, message)
     if body.truncation == "auto":
         raise unsupported("truncation", "truncation: auto is not supported: input that does not fit the context "
                                         "window is refused (context_length_exceeded).")
@@ -314,8 +340,7 @@ def chat_request(body: oa.ChatRequest, spec: ModelSpec) -> wire.ResponseRequest:
 
 _NO_EFFECT: list[tuple[str, Any, str]] = [
     ("n", (None, 1), "One choice is returned (n: 1)."),
-    ("frequency_penalty", (None, 0), "frequency_penalty is not supported (only 0)."),
-    ("presence_penalty", (None, 0), "presence_penalty is not supported (only 0)."),
+    *_PENALTIES,
     ("store", (None, False), "Chat completions are not stored (store: false); use /v1/responses to store."),
     ("modalities", (None, ["text"]), "Only the text modality is supported."),
 ]

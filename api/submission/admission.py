@@ -55,6 +55,21 @@ async def admit(services: Services, request: wire.ResponseRequest, spec: ModelSp
     return Admission(rendered, _cost(request, spec, rendered))
 
 
+async def count(services: Services, request: wire.ResponseRequest, spec: ModelSpec,
+                items: list[wire.InputItem] | None) -> int:
+    """The tokens of the prompt ``admit`` would render for the request (``POST
+    /v1/responses/input_tokens``), after the same checks of the request itself; neither its lengths
+    nor workers or queues are checked: counting is how a client learns whether it fits."""
+    check_limits(request, services.settings)
+    check_request(request, spec, items)
+    text = await services.model_text(spec.id)
+    if text is None:
+        raise ServiceUnavailable(f"Model {spec.id!r}'s tokenizer is not at hand: no worker has published it and "
+                                 "its files cannot be read here; retry once a worker runs the model.",
+                                 code="model_unavailable", retry_after=BUSY_RETRY_AFTER)
+    return len(await asyncio.to_thread(text.renderer.prompt_ids, request, items))
+
+
 def _cost(request: wire.ResponseRequest, spec: ModelSpec, rendered: Rendered | None) -> int:
     """What the task asks for (``fairqueue.cost``); without a rendered prompt, its output budget."""
     if rendered is None:

@@ -13,7 +13,7 @@ from typing import NamedTuple
 from redis.exceptions import RedisError
 
 from api.process import Services
-from api.submission import idempotency
+from api.submission import admission, idempotency
 from api.submission.admission import admit
 from lmsp_core import tracing, wire
 from lmsp_core.requests import extensions
@@ -90,6 +90,15 @@ async def submit(services: Services, request: wire.ResponseRequest, *, kind: Kin
     with contextlib.suppress(RedisError):  # the task is queued; a lost count is not worth an error
         await metrics.add_now(services.redis, metrics.CREATED, (spec.id, kind))
     return Submission(record, False)
+
+
+async def count_input_tokens(services: Services, request: wire.ResponseRequest, *, owner: str) -> int:
+    """The tokens of the prompt ``submit`` would give the request, its conversation included, without
+    submitting it: nothing is stored."""
+    spec = services.catalog.get(request.model)
+    chain = await _conversation(services, request, spec, owner)
+    items = conversations.context(chain, request.input) if chain else None
+    return await admission.count(services, request, spec, items)
 
 
 async def _ticket(services: Services, record: TaskRecord) -> tuple[fairqueue.FairQueue, queue.Ticket] | None:

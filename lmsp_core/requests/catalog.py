@@ -5,8 +5,11 @@ the Llama-3.1-8B shape, bf16: for benchmarks on a GPU); ``LMSP_MODELS_FILE`` (a 
 of specs) adds models or replaces built-in ones by id, and so, after it, does ``LMSP_MODEL_SPECS``
 (the same list inline: the models the command line names by path, ``lmsp_core.requests.modelpaths``).
 API and workers read the same catalog, so they agree on ids, context windows and capabilities.
+Requests may name any model of the catalog (a task waits for a worker); the model listings show
+those the deployment serves (``Catalog.listed``).
 """
 
+from collections.abc import Collection, Iterable
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -107,21 +110,46 @@ LLAMA_8B_RANDOM = ModelSpec(
 )
 
 BUILTIN = (SMOLLM2, TINY_RANDOM, LLAMA_8B_RANDOM)
+ALL = "*"  # LMSP_LISTED_MODELS: list every model of the catalog
+
+
+def _configured(settings: Settings) -> list[list[ModelSpec]]:
+    """The specs ``LMSP_MODELS_FILE`` and ``LMSP_MODEL_SPECS`` give, in that order."""
+    lists = []
+    if settings.models_file:
+        lists.append(msgspec.json.decode(Path(settings.models_file).read_bytes(), type=list[ModelSpec]))
+    if settings.model_specs:
+        lists.append(msgspec.json.decode(settings.model_specs, type=list[ModelSpec]))
+    return lists
 
 
 class Catalog:
-    def __init__(self, specs: list[ModelSpec]) -> None:
+    """The models requests may name, and which of them the service lists as served (``listed``)."""
+
+    def __init__(self, specs: list[ModelSpec], given: Iterable[str] | None = None) -> None:
         self._specs = {spec.id: spec for spec in specs}
+        # listed with or without a worker (None: every model): the specs given by configuration
+        self._given = None if given is None else frozenset(given)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> "Catalog":
+        """The built-in catalog, then ``LMSP_MODELS_FILE``, then ``LMSP_MODEL_SPECS``, each replacing
+        specs by id. Those two files' models are given, and so are those ``LMSP_LISTED_MODELS`` names
+        (``*``: every model); the other built-in ones are listed only while a worker runs them."""
         specs = {spec.id: spec for spec in BUILTIN}
-        if settings.models_file:
-            extra = msgspec.json.decode(Path(settings.models_file).read_bytes(), type=list[ModelSpec])
+        given: list[str] = []
+        for extra in _configured(settings):
             specs.update({spec.id: spec for spec in extra})
-        if settings.model_specs:
-            specs.update({spec.id: spec for spec in msgspec.json.decode(settings.model_specs, type=list[ModelSpec])})
-        return cls(list(specs.values()))
+            given += [spec.id for spec in extra]
+        named = [name.strip() for name in settings.listed_models.split(",") if name.strip()]
+        if unknown := [name for name in named if name != ALL and name not in specs]:
+            raise ValueError(f"LMSP_LISTED_MODELS names models the catalog does not have: {', '.join(unknown)}")
+        return cls(list(specs.values()), None if ALL in named else [*given, *named])
+
+    def listed(self, running: Collection[str]) -> list[ModelSpec]:
+        """The models this deployment serves, in catalog order: those a live worker runs
+        (``running``) and those given by configuration (docs/protocol.md, "Models")."""
+        return [spec for spec in self if self._given is None or spec.id in self._given or spec.id in running]
 
     def __iter__(self):  # type: ignore[no-untyped-def]
         return iter(self._specs.values())

@@ -97,5 +97,10 @@ def ready_per_model(workers: list[WorkerInfo]) -> Counter[str]:
     return Counter(model for info in workers if info.state == "ready" for model in info.models)
 
 
+def models_run(workers: list[WorkerInfo]) -> set[str]:
+    """The models some live worker runs, warming or ready."""
+    return {model for info in workers for model in info.models}
+
+
 def warming_per_model(workers: list[WorkerInfo]) -> Counter[str]:
     return Counter(model for info in workers if info.state == "warming" for model in info.models)

@@ -110,6 +110,8 @@ async def test_lmsp_up_serves_requests_and_stops_its_children(stop: signal.Signa
             async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{up.port}", timeout=60) as client:
                 response = await client.post("/lmsp/v1/responses", json=body(max_output_tokens=4))
                 assert response.status_code == 200 and response.json()["usage"]["output_tokens"] == 4
+                # the model it was given, not the rest of the built-in catalog
+                assert [m["id"] for m in (await client.get("/v1/models")).json()["data"]] == ["tiny-random"]
         up.process.send_signal(stop)
         assert up.process.wait(timeout=60) == 0, up.output()
         # every child is gone when `lmsp up` returns (systemd and docker stop wait for that)
@@ -132,6 +134,9 @@ async def test_lmsp_up_serves_a_gguf_file_given_by_path() -> None:
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{up.port}", timeout=120) as client:
             model = (await client.get("/lmsp/v1/models/SmolLM2-135M-Instruct.Q4_1")).json()
             assert (model["status"], model["context_window"]) == ("available", 8192), model
+            # a client that takes the first model listed takes the one served
+            listed = [m["id"] for m in (await client.get("/v1/models")).json()["data"]]
+            assert listed == ["SmolLM2-135M-Instruct.Q4_1"], listed
             answer = await client.post("/v1/chat/completions", json={
                 "model": "SmolLM2-135M-Instruct.Q4_1", "max_tokens": 8, "temperature": 0,
                 "messages": [{"role": "user", "content": "What is the capital of France?"}]})

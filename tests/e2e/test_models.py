@@ -1,10 +1,10 @@
-"""GET /lmsp/v1/models and the model catalog."""
+"""GET /lmsp/v1/models and the model catalog, and which models the listings (GET /v1/models too) show."""
 
 import httpx
 import redis.asyncio as aioredis
 
 from lmsp_core.store import registry
-from tests.support import assert_problem, body
+from tests.support import Api, RedisServer, Worker, assert_problem, body
 
 
 async def test_models_list_capabilities_and_context_windows(client: httpx.AsyncClient) -> None:
@@ -46,3 +46,34 @@ async def test_a_warming_worker_does_not_make_its_model_available(client: httpx.
     finally:
         await registry.deregister(redis, info.id)
     assert (await client.get("/lmsp/v1/models/tiny-unserved")).json()["status"] == "unavailable"
+
+
+async def _listed(url: str) -> tuple[list[str], list[str]]:
+    async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+        openai_ids = [model["id"] for model in (await http.get("/v1/models")).json()["data"]]
+        lmsp_ids = [model["id"] for model in (await http.get("/lmsp/v1/models")).json()["data"]]
+    return openai_ids, lmsp_ids
+
+
+async def test_the_listings_show_the_models_served(redis_server: RedisServer, tiny_worker: Worker,
+                                                   redis: aioredis.Redis) -> None:
+    """Without configured models an API lists what live workers run (here tiny-random), not the rest of
+    the built-in catalog; ``LMSP_LISTED_MODELS`` adds catalog models without a worker."""
+    bare, configured = Api(redis_server.url), Api(redis_server.url, listed_models="llama-8b-random")
+    try:
+        bare.start()
+        configured.start()
+        running = registry.models_run(await registry.live_workers(redis))
+        openai_ids, lmsp_ids = await _listed(bare.url)
+        assert openai_ids == lmsp_ids and "tiny-random" in openai_ids and "llama-8b-random" not in openai_ids
+        assert set(openai_ids) <= running
+        async with httpx.AsyncClient(base_url=bare.url, timeout=30) as http:  # listed or not, a model exists
+            assert (await http.get("/v1/models/llama-8b-random")).status_code == 200
+        openai_ids, lmsp_ids = await _listed(configured.url)
+        assert openai_ids == lmsp_ids and {"tiny-random", "llama-8b-random"} <= set(openai_ids)
+        async with httpx.AsyncClient(base_url=configured.url, timeout=30) as http:
+            unserved = (await http.get("/lmsp/v1/models/llama-8b-random")).json()
+            assert unserved["status"] == "unavailable"
+    finally:
+        bare.stop()
+        configured.stop()

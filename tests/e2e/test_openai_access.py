@@ -82,6 +82,7 @@ async def test_each_route_needs_its_scope(secure: httpx.AsyncClient, make_token:
 
 
 _FIELDS = {"/v1/responses": {"model", "input", "max_output_tokens"},
+           "/v1/responses/input_tokens": {"model", "input"}, "/v1/responses/compact": {"model", "input"},
            "/v1/chat/completions": {"model", "messages", "max_tokens"},
            "/v1/responses/{response_id}/cancel": set(), "/v1/batches/{batch_id}/cancel": set()}
 # the routes whose JSON body is not a generation request

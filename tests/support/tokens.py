@@ -32,6 +32,8 @@ OPENAI_ROUTES: list[tuple[str, str, str | None]] = [
     ("POST", "/v1/responses/{response_id}/cancel", credentials.TASKS_WRITE),
     ("DELETE", "/v1/responses/{response_id}", credentials.RESPONSES_WRITE),
     ("GET", "/v1/responses/{response_id}/input_items", credentials.RESPONSES_READ),
+    ("POST", "/v1/responses/input_tokens", credentials.RESPONSES_READ),
+    ("POST", "/v1/responses/compact", credentials.RESPONSES_WRITE),
     ("POST", "/v1/chat/completions", credentials.RESPONSES_WRITE),
     ("GET", "/v1/models", credentials.MODELS_READ),
     ("GET", "/v1/models/{model}", credentials.MODELS_READ),

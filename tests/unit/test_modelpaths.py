@@ -149,3 +149,20 @@ def test_the_specs_reach_every_process_through_the_settings(tiny: Path) -> None:
     catalog = Catalog.from_settings(load_settings(named.models_env()))
     assert catalog.get("tiny-chat") == resolve(tiny)
     assert catalog.get("tiny-random").max_batch_size == 2 and catalog.get(SMOLLM2.id) == SMOLLM2
+
+
+def test_the_listings_show_the_models_given_or_run(tmp_path: Path) -> None:
+    """docs/protocol.md, "Which models are listed": the built-in models only while a worker runs them,
+    the specs given to the API always, and what LMSP_LISTED_MODELS names."""
+    bare = Catalog.from_settings(Settings())
+    assert bare.listed(set()) == []
+    assert [spec.id for spec in bare.listed({"tiny-random", "not-in-this-catalog"})] == ["tiny-random"]
+    models = tmp_path / "models.json"
+    models.write_text(json.dumps([{"id": "tiny-given", "source": "tiny-random", "context_window": 64,
+                                   "max_output_tokens": 8, "capabilities": []}]))
+    given = Catalog.from_settings(Settings(models_file=str(models), listed_models=" llama-8b-random,"))
+    assert [spec.id for spec in given.listed(set())] == ["llama-8b-random", "tiny-given"]
+    assert [spec.id for spec in given.listed({SMOLLM2.id})] == [SMOLLM2.id, "llama-8b-random", "tiny-given"]
+    assert len(Catalog.from_settings(Settings(listed_models="*")).listed(set())) == 3
+    with pytest.raises(ValueError, match="the catalog does not have: nope"):
+        Catalog.from_settings(Settings(listed_models="tiny-random,nope"))

@@ -88,6 +88,15 @@ RESPONSES_REQUESTS = [
             name="get_weather", parameters={"type": "object", "properties": {"city": {"type": "string"}},
                                             "required": ["city"]})])),
 ]
+INPUT_TOKENS = oa.InputTokens(input_tokens=19)
+INPUT_TOKENS_REQUESTS = [
+    doc.example("A prompt with instructions", rq.InputTokensRequest(
+        model=doc.MODEL, input="Describe a local model service.", instructions="Answer briefly.")),
+    doc.example("With a tool", rq.InputTokensRequest(
+        model=doc.MODEL, input="What is the weather in Paris?", tools=[rq.FunctionTool(
+            name="get_weather", parameters={"type": "object", "properties": {"city": {"type": "string"}},
+                                            "required": ["city"]})])),
+]
 CHAT_REQUESTS = [
     doc.example("A short answer", rq.ChatRequest(model=doc.MODEL, messages=[
         {"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "Describe a queue."}],

@@ -66,14 +66,21 @@ CLIENT_OPTIONS: dict[str, JsonSchema] = {
     "user": _bounded(MAX_USER),
 }
 
+# accepted only with the value that asks for what the service does (no penalty)
+_ZERO: JsonSchema = {"anyOf": [{"type": "number", "const": 0}, NULL]}
+PENALTIES: dict[str, JsonSchema] = {"frequency_penalty": _ZERO, "presence_penalty": _ZERO}
+INPUT: JsonSchema = {"anyOf": [{"type": "string"},
+                               {"type": "array", "minItems": 1, "items": {"anyOf": INPUT_ITEMS}}]}
+
 BODIES: dict[type, StructDoc] = {
-    rq.ResponsesRequest: StructDoc(fields={
-        "input": {"anyOf": [{"type": "string"}, {"type": "array", "minItems": 1, "items": {"anyOf": INPUT_ITEMS}}]},
-        **CLIENT_OPTIONS,
-    }),
+    rq.ResponsesRequest: StructDoc(fields={"input": INPUT, **CLIENT_OPTIONS, **PENALTIES}),
+    # input, or instructions alone
+    rq.InputTokensRequest: StructDoc(fields={"input": {"anyOf": [*INPUT["anyOf"], NULL]}}, rules=[
+        {"anyOf": [{"required": ["input"], "properties": {"input": {"not": NULL}}},
+                   {"required": ["instructions"], "properties": {"instructions": {"type": "string"}}}]}]),
     rq.ChatRequest: StructDoc(fields={
         "messages": {"type": "array", "minItems": 1, "items": CHAT_MESSAGE},
-        **CLIENT_OPTIONS,
+        **CLIENT_OPTIONS, **PENALTIES,
     }, rules=[
         {"not": {"required": ["max_tokens", "max_completion_tokens"],
                  "properties": {"max_tokens": {"type": "integer"}, "max_completion_tokens": {"type": "integer"}}}},

@@ -1,4 +1,4 @@
-"""GET /lmsp/v1/models: the catalog, with capabilities and whether workers serve each model."""
+"""GET /lmsp/v1/models: the models served, with capabilities and whether workers serve each one."""
 
 from litestar import Controller, get
 
@@ -27,17 +27,20 @@ class ModelsController(Controller):
     opt = {"scope": credentials.MODELS_READ}
 
     @get(summary="List models",
-         description="Every model of the catalog with its context window, output cap, capabilities, and whether "
-                     "live workers serve it (`status`: `available`, `warming` while its workers warm up, or "
-                     "`unavailable`; `workers`: the ready ones).",
+         description="The models this deployment serves (a live worker runs them, or the service was configured "
+                     "with them; docs/protocol.md, \"Models\") with their context window, output cap, "
+                     "capabilities, and whether live workers serve them (`status`: `available`, `warming` while "
+                     "their workers warm up, or `unavailable`; `workers`: the ready ones).",
          responses={200: doc.ok(wire.ModelList, "The models", doc.example("Models", wire.ModelList(
              data=[doc.MODEL_OBJECT]))), **doc.problems("service_unavailable", *doc.GUARDED)})
     async def list_models(self, services: Services) -> wire.ModelList:
         workers = await registry.live_workers(services.redis)
-        return wire.ModelList(data=[model_object(spec, workers) for spec in services.catalog])
+        served = services.catalog.listed(registry.models_run(workers))
+        return wire.ModelList(data=[model_object(spec, workers) for spec in served])
 
     # a path, not one segment: ids may have a slash (ORG/NAME, as Hugging Face names models)
-    @get("/{model_id:path}", summary="Get a model", description="One model of the catalog.",
+    @get("/{model_id:path}", summary="Get a model",
+         description="One model of the catalog, listed or not (a task for it waits for a worker).",
          responses={200: doc.ok(wire.ModelObject, "The model", doc.example("A model", doc.MODEL_OBJECT)),
                     **doc.problems("invalid_request", "model_not_found", "service_unavailable", *doc.GUARDED)})
     async def get_model(self, services: Services, model_id: str) -> wire.ModelObject:

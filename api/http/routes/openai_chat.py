@@ -19,6 +19,7 @@ from api.process import Services
 from api.submission import idempotency
 from api.submission.idempotency import REPLAYED, IdempotencyKey
 from lmsp_core import wire
+from lmsp_core.store import registry
 from lmsp_core.store.tenants import credentials
 from lmsp_core.wire.errors import GenerationFailed, LmspError
 
@@ -73,12 +74,13 @@ class OpenAIModelsController(Controller):
     opt = {"scope": credentials.MODELS_READ}
 
     @get(summary="List models (OpenAI)", after_request=errors_only,
-         description="OpenAI's `models.list`: every model of the catalog (`GET /lmsp/v1/models` tells which have "
-                     "workers, and their limits and capabilities). `created` is 0: models have no creation time "
-                     "here.",
+         description="OpenAI's `models.list`: the models this deployment serves, those a live worker runs or the "
+                     "service was configured with (`GET /lmsp/v1/models` tells which have workers, and their limits "
+                     "and capabilities). `created` is 0: models have no creation time here.",
          responses={200: docs.ok(ModelList, "The models", docs.MODELS), **docs.errors(*docs.COMMON_ERRORS)})
     async def list_models(self, services: Services) -> Response[Any]:
-        models = ModelList(data=[Model(id=spec.id) for spec in services.catalog])
+        served = services.catalog.listed(registry.models_run(await registry.live_workers(services.redis)))
+        models = ModelList(data=[Model(id=spec.id) for spec in served])
         return Response(content=wire.encoder.encode(models), media_type="application/json")
 
     @get("/{model:path}", summary="Retrieve a model (OpenAI)", description="OpenAI's `models.retrieve` (an id may "

@@ -1,6 +1,7 @@
 """OpenAI's Responses API on the service's tasks: ``POST /v1/responses``, ``GET /v1/responses/{id}``
 (with ``?stream=true&starting_after=N``), ``POST /v1/responses/{id}/cancel``, ``DELETE
-/v1/responses/{id}``, ``GET /v1/responses/{id}/input_items``.
+/v1/responses/{id}``, ``GET /v1/responses/{id}/input_items``, and ``POST /v1/responses/input_tokens``
+(a prompt's tokens, counted without generating).
 
 A response is a task: direct (its connection's, as ``POST /lmsp/v1/responses``) unless
 ``background: true``, which makes it a task of the tasks API, listed at ``/lmsp/v1/tasks`` and
@@ -22,13 +23,13 @@ from api.openai import PREFIX
 from api.openai import requests as rq
 from api.openai.errors import FailedGeneration, errors_only, with_param
 from api.openai.inputitems import MAX_PAGE, Order, input_items, page
-from api.openai.objects import InputItemList
+from api.openai.objects import InputItemList, InputTokens
 from api.openai.objects import Response as ResponseObject
 from api.openai.rendering import ResponseView, response_object
-from api.openai.translation import RESPONSES_PARAMS, responses_request
+from api.openai.translation import RESPONSES_PARAMS, counted_request, responses_request
 from api.process import Services
 from api.storedresponses import delete_stored
-from api.submission import idempotency
+from api.submission import idempotency, submit
 from api.submission.idempotency import REPLAYED, IdempotencyKey
 from lmsp_core import wire
 from lmsp_core.store.objects.conversations import StoredResponse
@@ -88,6 +89,35 @@ class OpenAIResponsesController(Controller):
         if not await streams.final_or_disconnect(services, record, request.receive, cancel=key is None):
             return Response(content=b"", status_code=499)
         return _json(_final(view, await services.store.get(record.id)), headers)
+
+    # a path of its own, so that /{response_id} never takes it for an id
+    @post("/input_tokens", status_code=200, summary="Count a response's input tokens (OpenAI)",
+          opt={"scope": credentials.RESPONSES_READ}, after_request=errors_only,
+          description="OpenAI's `responses.input_tokens.count`: the tokens of the prompt that `POST /v1/responses` "
+                      "would give the model for the same `input`, `instructions`, `tools` and `previous_response_id`, "
+                      "rendered with the model's own chat template and tokenizer. Nothing is generated or stored; "
+                      "the request is checked as a response's is, but a prompt longer than the context window is "
+                      "counted, not refused. `model` is required.",
+          responses={200: docs.ok(InputTokens, "The prompt's tokens", docs.INPUT_TOKENS),
+                     **docs.errors(*docs.COMMON_ERRORS, "unsupported_parameter", "unsupported_value",
+                                   "model_not_found", "response_not_found", "model_unavailable")})
+    async def count_input_tokens(
+        self, data: Annotated[rq.InputTokensRequest, Body(examples=docs.INPUT_TOKENS_REQUESTS)], services: Services,
+        owner: str,
+    ) -> Response[Any]:
+        try:
+            lmsp = counted_request(data, services.catalog.get(data.model))
+            tokens = await submit.count_input_tokens(services, lmsp, owner=owner)
+        except LmspError as exc:
+            raise with_param(exc, RESPONSES_PARAMS) from None
+        return Response(content=wire.encoder.encode(InputTokens(input_tokens=tokens)), media_type="application/json")
+
+    # not served: its own path answers 404 as an unknown route does, where /{response_id} would answer
+    # 405 (a response id with the wrong method); left out of the OpenAPI document, which lists what is served
+    @post("/compact", status_code=200, opt={"scope": credentials.RESPONSES_WRITE}, after_request=errors_only,
+          include_in_schema=False)
+    async def compact_response(self) -> Response[Any]:
+        raise NotFound("POST /v1/responses/compact (compaction) is not served by this service.")
 
     @get("/{response_id:str}", summary="Retrieve a response (OpenAI)", opt={"scope": credentials.RESPONSES_READ},
          operation_class=_STREAMED, after_request=errors_only,

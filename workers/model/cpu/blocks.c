@@ -13,8 +13,8 @@
 
    A weight row's blocks are unpacked once for up to ROWS_AT_ONCE input rows (8 streams, a prompt
    chunk), and a prompt's rows go through in tiles that stay in the caches while a tile of weight rows
-   passes. The weight rows are split between this process's threads (blocks_threads): each thread a
-   contiguous share of the output columns; the calling thread takes the first.
+   passes. The weight rows are split between this process's threads (blocks_threads): the calling thread and
+   the others claim a few tiles of them at a time until none is left.
 
    blocks_rows: rows of a tensor as float32 (the embeddings of a step's tokens).
    blocks_quantize: the inputs as the products see them (for the tests). */

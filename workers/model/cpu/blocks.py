@@ -103,7 +103,7 @@ class Blocks:
 
     def product(self, parts: Sequence[BlockTensor]) -> "BlockProduct":
         """One product over ``parts`` (their rows side by side in the output: a fused q, k and v), Q4_K
-        parts interleaved first (``interleaved``)."""
+        and Q6_K parts interleaved first (``interleaved``)."""
         return BlockProduct(self, [self.interleaved(part) for part in parts])
 
     def interleaved(self, tensor: BlockTensor) -> BlockTensor:

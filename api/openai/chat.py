@@ -13,6 +13,7 @@ DeepSeek for reasoning) send them.
 
 import msgspec
 
+from api.openai import chatobjects as co
 from api.openai import objects as oa
 from api.openai.errors import FailedGeneration
 from api.openai.translation import tier_of
@@ -29,39 +30,39 @@ def completion_id(record: TaskRecord) -> str:
     return ID_PREFIX + record.response_id.partition("_")[2]
 
 
-def completion_usage(value: wire.Usage | None) -> oa.CompletionUsage | None:
+def completion_usage(value: wire.Usage | None) -> co.CompletionUsage | None:
     if value is None:
         return None
     cached = value.input_tokens_details.cached_tokens if value.input_tokens_details else 0
-    return oa.CompletionUsage(prompt_tokens=value.input_tokens, completion_tokens=value.output_tokens,
+    return co.CompletionUsage(prompt_tokens=value.input_tokens, completion_tokens=value.output_tokens,
                               total_tokens=value.total_tokens,
-                              prompt_tokens_details=oa.PromptTokensDetails(cached_tokens=cached))
+                              prompt_tokens_details=co.PromptTokensDetails(cached_tokens=cached))
 
 
-def finish_reason(status: str, called: bool) -> oa.FinishReason:
+def finish_reason(status: str, called: bool) -> co.FinishReason:
     if status == "incomplete":
         return "length"
     return "tool_calls" if called else "stop"
 
 
-def completion(record: TaskRecord) -> oa.ChatCompletion:
+def completion(record: TaskRecord) -> co.ChatCompletion:
     """The chat completion of a final task; raises its problem if it failed."""
     final = record.response_object()
     if final is None or final.status == "failed":
         problem = final.error if final is not None else None
         raise FailedGeneration(problem or GenerationFailed("Generation failed.").problem())
     text = "".join(part.text for item in final.output if isinstance(item, wire.OutputMessage) for part in item.content)
-    calls = [oa.ToolCall(id=item.call_id, function=oa.ToolCallFunction(name=item.name, arguments=item.arguments))
+    calls = [co.ToolCall(id=item.call_id, function=co.ToolCallFunction(name=item.name, arguments=item.arguments))
              for item in final.output if isinstance(item, wire.OutputFunctionCall)]
     reasoning = "".join(part.text for item in final.output if isinstance(item, wire.OutputReasoning)
                         for part in item.summary)
     has_message = any(isinstance(item, wire.OutputMessage) for item in final.output)
-    message = oa.ChatMessage(role="assistant", content=text if has_message or not calls else None, refusal=None,
+    message = co.ChatMessage(role="assistant", content=text if has_message or not calls else None, refusal=None,
                              tool_calls=calls or None, reasoning_content=reasoning or None)
-    choice = oa.Choice(message=message, finish_reason=finish_reason(final.status, bool(calls)),
+    choice = co.Choice(message=message, finish_reason=finish_reason(final.status, bool(calls)),
                        logprobs=choice_logprobs(record, final))
     metadata = record.metadata_map()
-    return oa.ChatCompletion(id=completion_id(record), created=int(record.created_at), model=record.model,
+    return co.ChatCompletion(id=completion_id(record), created=int(record.created_at), model=record.model,
                              choices=[choice], usage=completion_usage(final.usage), service_tier=service_tier(record),
                              metadata=None if isinstance(metadata, msgspec.UnsetType) else metadata)
 
@@ -71,11 +72,11 @@ def asked_logprobs(record: TaskRecord) -> bool:
     return request.known_extensions.logprobs is not None
 
 
-def choice_logprobs(record: TaskRecord, final: wire.Response) -> oa.ChoiceLogprobs | None:
+def choice_logprobs(record: TaskRecord, final: wire.Response) -> co.ChoiceLogprobs | None:
     """The content tokens' log-probabilities, where the request asked for them."""
     if not asked_logprobs(record):
         return None
-    return oa.ChoiceLogprobs(content=[entry for item in final.output if isinstance(item, wire.OutputMessage)
+    return co.ChoiceLogprobs(content=[entry for item in final.output if isinstance(item, wire.OutputMessage)
                                       for part in item.content for entry in part.logprobs or ()])
 
 
@@ -95,37 +96,37 @@ class ChunkRenderer:
         self.calls = 0
         self.opened = False  # the role chunk went out
 
-    def _chunk(self, delta: oa.Delta, finish: oa.FinishReason | None = None,
-               logprobs: oa.ChoiceLogprobs | None = None) -> oa.ChatCompletionChunk:
-        return oa.ChatCompletionChunk(id=self.id, created=self.created, model=self.model, service_tier=self.tier,
-                                      choices=[oa.ChunkChoice(delta=delta, finish_reason=finish, logprobs=logprobs)])
+    def _chunk(self, delta: co.Delta, finish: co.FinishReason | None = None,
+               logprobs: co.ChoiceLogprobs | None = None) -> co.ChatCompletionChunk:
+        return co.ChatCompletionChunk(id=self.id, created=self.created, model=self.model, service_tier=self.tier,
+                                      choices=[co.ChunkChoice(delta=delta, finish_reason=finish, logprobs=logprobs)])
 
-    def _opening(self, text: bool) -> list[oa.ChatCompletionChunk | wire.Problem]:
+    def _opening(self, text: bool) -> list[co.ChatCompletionChunk | wire.Problem]:
         """The role chunk, before the answer's first item (once)."""
         if self.opened:
             return []
         self.opened = True
-        return [self._chunk(oa.Delta(role="assistant", content="" if text else None))]
+        return [self._chunk(co.Delta(role="assistant", content="" if text else None))]
 
-    def render(self, event: Event) -> list[oa.ChatCompletionChunk | wire.Problem]:
+    def render(self, event: Event) -> list[co.ChatCompletionChunk | wire.Problem]:
         name = event.name
         if name == wire.ITEM_ADDED:
             item = msgspec.json.decode(event.data, type=wire.OutputItemAdded).item
             return self._opening(isinstance(item, wire.OutputMessage))
         if name == wire.TEXT_DELTA:
             text = msgspec.json.decode(event.data, type=wire.OutputTextDelta)
-            logprobs = oa.ChoiceLogprobs(content=text.logprobs) if text.logprobs else None
-            return [self._chunk(oa.Delta(content=text.delta), logprobs=logprobs)]
+            logprobs = co.ChoiceLogprobs(content=text.logprobs) if text.logprobs else None
+            return [self._chunk(co.Delta(content=text.delta), logprobs=logprobs)]
         if name == wire.REASONING_DELTA:
             delta = msgspec.json.decode(event.data, type=wire.ReasoningSummaryTextDelta).delta
-            return [self._chunk(oa.Delta(reasoning_content=delta))]
+            return [self._chunk(co.Delta(reasoning_content=delta))]
         if name == wire.ITEM_DONE:
             item = msgspec.json.decode(event.data, type=wire.OutputItemDone).item
             if isinstance(item, wire.OutputFunctionCall):
                 self.calls += 1
-                call = oa.ToolCallDelta(index=self.calls - 1, id=item.call_id,
-                                        function=oa.ToolCallFunction(name=item.name, arguments=item.arguments))
-                return [self._chunk(oa.Delta(tool_calls=[call]))]
+                call = co.ToolCallDelta(index=self.calls - 1, id=item.call_id,
+                                        function=co.ToolCallFunction(name=item.name, arguments=item.arguments))
+                return [self._chunk(co.Delta(tool_calls=[call]))]
             return []
         if name == wire.FAILED:
             return [msgspec.json.decode(event.data, type=wire.ResponseFailed).error]
@@ -133,11 +134,11 @@ class ChunkRenderer:
             return self._final(name, event.data)
         return []
 
-    def _final(self, name: str, data: bytes) -> list[oa.ChatCompletionChunk | wire.Problem]:
+    def _final(self, name: str, data: bytes) -> list[co.ChatCompletionChunk | wire.Problem]:
         status = {wire.COMPLETED: "completed", wire.INCOMPLETE: "incomplete"}.get(name, "cancelled")
-        chunks = [*self._opening(True), self._chunk(oa.Delta(), finish_reason(status, self.calls > 0))]
+        chunks = [*self._opening(True), self._chunk(co.Delta(), finish_reason(status, self.calls > 0))]
         if self.include_usage and name in (wire.COMPLETED, wire.INCOMPLETE):
             used = msgspec.json.decode(data, type=wire.ResponseCompleted).usage
-            chunks.append(oa.ChatCompletionChunk(id=self.id, created=self.created, model=self.model, choices=[],
+            chunks.append(co.ChatCompletionChunk(id=self.id, created=self.created, model=self.model, choices=[],
                                                  service_tier=self.tier, usage=completion_usage(used)))
         return chunks

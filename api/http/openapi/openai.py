@@ -12,6 +12,7 @@ from api.follow.framing import DONE, data_frame, event_frames
 from api.http.openapi import document as doc
 from api.http.openapi import eventstreams as streamdoc
 from api.openai import batches as ob
+from api.openai import chatobjects as co
 from api.openai import objects as oa
 from api.openai import requests as rq
 from api.openai.chat import ChunkRenderer, completion
@@ -178,7 +179,7 @@ def _tag(kind: Any) -> str:
 RESPONSE_EVENTS = streamdoc.event_schema({_tag(kind): streamdoc.json_data(kind) for kind in get_args(oa.StreamEvent)},
                                          numbered=False)
 CHAT_EVENTS = streamdoc.event_schema({"message": {"anyOf": [{"type": "string", "const": "[DONE]"},
-                                                            streamdoc.json_data(oa.ChatCompletionChunk)]}},
+                                                            streamdoc.json_data(co.ChatCompletionChunk)]}},
                                      numbered=False)
 
 

@@ -23,6 +23,7 @@ from api.http.routes.health import healthz, prometheus_metrics, readyz, status
 from api.http.routes.models import ModelsController
 from api.http.routes.openai_batches import OpenAIBatchesController
 from api.http.routes.openai_chat import OpenAIChatController, OpenAIModelsController
+from api.http.routes.openai_compact import OpenAICompactController
 from api.http.routes.openai_responses import OpenAIResponsesController
 from api.http.routes.playground import playground
 from api.http.routes.responses import ResponsesController
@@ -86,8 +87,9 @@ def create_app(settings: Settings | None = None) -> Litestar:
 
     app = Litestar(
         route_handlers=[ResponsesController, TasksController, ModelsController, OpenAIResponsesController,
-                        OpenAIChatController, OpenAIModelsController, healthz, readyz, prometheus_metrics, status,
-                        playground, openai_files.controller(settings), OpenAIBatchesController, WebhooksController],
+                        OpenAICompactController, OpenAIChatController, OpenAIModelsController,
+                        healthz, readyz, prometheus_metrics, status, playground, openai_files.controller(settings),
+                        OpenAIBatchesController, WebhooksController],
         dependencies={
             "services": Provide(provide_services, sync_to_thread=False),
             "owner": Provide(provide_owner, sync_to_thread=False),

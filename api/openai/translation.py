@@ -13,6 +13,7 @@ from typing import Any, Literal, TypeVar
 
 import msgspec
 
+from api.openai import compactionitem
 from api.openai import requests as oa
 from api.openai.errors import join, unsupported, validation_param
 from lmsp_core import wire
@@ -288,8 +289,10 @@ def _input_item(item: dict[str, Any], param: str) -> wire.InputItem:
                                                   "send the summary.")
         return wire.Reasoning(summary=[wire.SummaryText(text=part.text) for part in reasoning.summary],
                               id=reasoning.id)
+    if kind == compactionitem.TYPE:
+        return compactionitem.as_input(converted(item, compactionitem.CompactionItem, param))
     raise unsupported(f"{param}.type", f"Input items of type {kind!r} are not supported; use message, "
-                                       "function_call, function_call_output or reasoning.")
+                                       "function_call, function_call_output, reasoning or compaction.")
 
 
 TEXT_TYPES = ("input_text", "output_text", "text")

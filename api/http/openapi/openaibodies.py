@@ -7,7 +7,9 @@ from typing import Any
 
 from api.http.openapi.eventstreams import JsonSchema, json_schema
 from api.http.strictbodies import StructDoc
+from api.openai import compaction
 from api.openai import requests as rq
+from api.openai.compactionitem import CompactionItem
 from api.openai.translation import MAX_SAFETY_IDENTIFIER, MAX_USER, TEXT_TYPES
 from lmsp_core import wire
 from lmsp_core.wire import extensions as ext
@@ -35,6 +37,7 @@ INPUT_ITEMS: list[JsonSchema] = [
     _with(rq.FunctionCallItem, name=TOOL_NAME),
     _with(rq.FunctionCallOutputItem, output=TEXT),
     _with(rq.ReasoningItem, content=EMPTY),
+    json_schema(CompactionItem),
 ]
 
 _CALL = _with(rq.ToolCall, function=_with(rq.ToolCallFunction, name=TOOL_NAME))
@@ -78,6 +81,11 @@ BODIES: dict[type, StructDoc] = {
     rq.InputTokensRequest: StructDoc(fields={"input": {"anyOf": [*INPUT["anyOf"], NULL]}}, rules=[
         {"anyOf": [{"required": ["input"], "properties": {"input": {"not": NULL}}},
                    {"required": ["instructions"], "properties": {"instructions": {"type": "string"}}}]}]),
+    # input, or the stored turns of previous_response_id, or both
+    compaction.CompactRequest: StructDoc(fields={"input": {"anyOf": [*INPUT["anyOf"], NULL]}}, rules=[
+        {"anyOf": [{"required": ["input"], "properties": {"input": {"not": NULL}}},
+                   {"required": ["previous_response_id"],
+                    "properties": {"previous_response_id": {"type": "string"}}}]}]),
     rq.ChatRequest: StructDoc(fields={
         "messages": {"type": "array", "minItems": 1, "items": CHAT_MESSAGE},
         **CLIENT_OPTIONS, **PENALTIES,

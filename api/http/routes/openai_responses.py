@@ -112,13 +112,6 @@ class OpenAIResponsesController(Controller):
             raise with_param(exc, RESPONSES_PARAMS) from None
         return Response(content=wire.encoder.encode(InputTokens(input_tokens=tokens)), media_type="application/json")
 
-    # not served: its own path answers 404 as an unknown route does, where /{response_id} would answer
-    # 405 (a response id with the wrong method); left out of the OpenAPI document, which lists what is served
-    @post("/compact", status_code=200, opt={"scope": credentials.RESPONSES_WRITE}, after_request=errors_only,
-          include_in_schema=False)
-    async def compact_response(self) -> Response[Any]:
-        raise NotFound("POST /v1/responses/compact (compaction) is not served by this service.")
-
     @get("/{response_id:str}", summary="Retrieve a response (OpenAI)", opt={"scope": credentials.RESPONSES_READ},
          operation_class=_STREAMED, after_request=errors_only,
          description="OpenAI's `responses.retrieve`: a stored response of the caller (`queued` or `in_progress` "

@@ -137,13 +137,18 @@ class ResponseFrames:
         return b""
 
     def lost(self) -> bytes:
-        return event_frames([oa.StreamError(sequence_number=self.sent, code=ServiceUnavailable.default_code,
-                                            message=_LOST_RESPONSE)])
+        return self.encode([oa.StreamError(sequence_number=self.sent, code=ServiceUnavailable.default_code,
+                                           message=_LOST_RESPONSE)])
+
+    def encode(self, events: list[oa.StreamEvent]) -> bytes:
+        """The events as this stream sends them: SSE frames (a WebSocket's messages:
+        ``api.follow.sockets``)."""
+        return event_frames(events)
 
     def _sending(self, events: list[oa.StreamEvent]) -> bytes:
         if events:
             self.sent = events[-1].sequence_number
-        return event_frames(events)
+        return self.encode(events)
 
 
 class ChatFrames:

@@ -25,6 +25,7 @@ from api.http.routes.openai_batches import OpenAIBatchesController
 from api.http.routes.openai_chat import OpenAIChatController, OpenAIModelsController
 from api.http.routes.openai_compact import OpenAICompactController
 from api.http.routes.openai_responses import OpenAIResponsesController
+from api.http.routes.openai_responses_socket import responses_socket
 from api.http.routes.playground import playground
 from api.http.routes.responses import ResponsesController
 from api.http.routes.tasks import TasksController
@@ -87,7 +88,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
 
     app = Litestar(
         route_handlers=[ResponsesController, TasksController, ModelsController, OpenAIResponsesController,
-                        OpenAICompactController, OpenAIChatController, OpenAIModelsController,
+                        OpenAICompactController, responses_socket, OpenAIChatController, OpenAIModelsController,
                         healthz, readyz, prometheus_metrics, status, playground, openai_files.controller(settings),
                         OpenAIBatchesController, WebhooksController],
         dependencies={

@@ -16,7 +16,7 @@ from typing import Any
 from litestar import Litestar
 from litestar.connection import ASGIConnection
 from litestar.handlers import BaseRouteHandler
-from litestar.routes import HTTPRoute
+from litestar.routes import HTTPRoute, WebSocketRoute
 
 from api.process import Services
 from lmsp_core.settings import Settings
@@ -27,6 +27,9 @@ from lmsp_core.wire.errors import Forbidden, Unauthorized
 logger = logging.getLogger(__name__)
 
 LOCAL = Identity("local", frozenset(credentials.GRANTABLE))
+# a WebSocket route that calls ``authorized`` itself at its handshake, so that a refusal is an HTTP
+# answer with its status rather than a closed socket (its ``opt`` names its scope all the same)
+HANDSHAKE = "handshake"
 
 
 class OpenOnNetwork(SystemExit):
@@ -46,6 +49,8 @@ def check_exposure(settings: Settings) -> None:
 def check_routes(app: Litestar) -> None:
     """Every route handler must declare a scope or be public."""
     for route in app.routes:
+        if isinstance(route, WebSocketRoute) and route.route_handler.opt.get("scope") not in credentials.GRANTABLE:
+            raise RuntimeError(f"WebSocket route {route.path} declares no scope: give it opt={{'scope': ...}}")
         if not isinstance(route, HTTPRoute):
             continue
         for handler in route.route_handlers:
@@ -59,15 +64,21 @@ def check_routes(app: Litestar) -> None:
 async def authorize(connection: ASGIConnection[BaseRouteHandler, Any, Any, Any],
                     handler: BaseRouteHandler) -> None:
     """The app-wide guard: authenticate, count the request against the rate limit, check the scope."""
-    if handler.opt.get("public"):
+    if handler.opt.get("public") or handler.opt.get(HANDSHAKE):
         return
     services: Services = connection.app.state.services
-    identity = await authenticate(services, connection.headers.get("authorization"))
-    connection.state.identity = identity
+    connection.state.identity = await authorized(services, connection.headers.get("authorization"),
+                                                 str(handler.opt.get("scope")))
+
+
+async def authorized(services: Services, header: str | None, scope: str) -> Identity:
+    """Who ``header`` (an ``Authorization`` value) acts for, counted against its rate limit, if it
+    has ``scope``."""
+    identity = await authenticate(services, header)
     await services.limits.count_request(identity.principal)
-    scope = str(handler.opt.get("scope"))
     if scope not in identity.scopes:
         raise Forbidden(f"This operation needs the {scope!r} scope, which the token does not have.", scope=scope)
+    return identity
 
 
 async def authenticate(services: Services, header: str | None) -> Identity:

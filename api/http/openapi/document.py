@@ -12,7 +12,7 @@ from litestar import Router
 from litestar.datastructures import ResponseHeader
 from litestar.openapi import OpenAPIConfig
 from litestar.openapi.datastructures import ResponseSpec
-from litestar.openapi.spec import Example
+from litestar.openapi.spec import Example, Tag
 
 from api.http.openapi import eventstreams as streamdoc
 from api.http.strictbodies import StructDoc
@@ -220,4 +220,18 @@ def config() -> OpenAPIConfig:
                     "problem documents with a stable `code`; see docs/protocol.md for the decisions the spec "
                     "leaves open.",
         openapi_router=Router("/schema", route_handlers=[], opt={"public": True}, include_in_schema=False),
+        tags=[Tag(name="openai", description=OPENAI_TAG)],
     )
+
+
+# OpenAPI describes no WebSocket: the tag of the /v1 routes says what ws://HOST/v1/responses takes
+OPENAI_TAG = (
+    "OpenAI's routes. `/v1/responses` also takes a WebSocket (OpenAI's WebSocket mode): the handshake carries "
+    "`Authorization: Bearer` (scope `responses:write`; a refusal is the HTTP status with OpenAI's error object); "
+    "each text message `{\"type\": \"response.create\", ...}` holds the body of `POST /v1/responses` and is "
+    "answered, one after another, by that response's events, one JSON object a message, as its event stream "
+    "carries them (with the create's `stream_id`, if any). A `store: false` response is continued on the same "
+    "socket by `previous_response_id` with only the new input; a refused message gets "
+    "`{\"type\": \"error\", \"status\", \"error\": {...}}` (`previous_response_not_found` for an unknown "
+    "`previous_response_id`) and the socket goes on. See docs/protocol.md, \"OpenAI compatibility\"."
+)

@@ -83,8 +83,9 @@ async def _read(socket: WebSocket[Any, Any, Any], inbox: asyncio.Queue[str | byt
     except WebSocketDisconnect:
         pass
     finally:
-        with contextlib.suppress(asyncio.QueueFull):
-            inbox.put_nowait(None)
+        while not inbox.empty():  # creates of a client that left are not answered
+            inbox.get_nowait()
+        inbox.put_nowait(None)
 
 
 class _Session:

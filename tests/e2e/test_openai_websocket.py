@@ -71,8 +71,13 @@ def text(response: dict[str, Any]) -> str:
 async def test_responses_one_after_another_are_the_sse_events(api: Api, tiny_worker: Worker,
                                                                client: httpx.AsyncClient) -> None:
     async with socket(api) as ws:
-        first = completed(await create(ws, input="Hello there", max_output_tokens=8))
-        events = await create(ws, input="And again", max_output_tokens=8, stream=True, store=True)
+        # the second create is sent before the first response ends: it is answered after it, in order
+        await ws.send(json.dumps({"type": "response.create", "model": MODEL, "input": "Hello there",
+                                  "max_output_tokens": 8}))
+        first = completed(await create(ws, input="And again", max_output_tokens=8, stream=True, store=True))
+        events = [await receive(ws)]
+        while events[-1]["type"] not in FINAL:
+            events.append(await receive(ws))
         second = completed(events)
     assert first["id"] != second["id"] and first["store"] and second["status"] in ("completed", "incomplete")
     # the same JSON the SSE stream of the stored response carries, event for event
@@ -168,6 +173,19 @@ async def test_a_dropped_socket_loses_nothing_stored(api: Api, tiny_worker: Work
     assert resumed[0].data == created and resumed[-1].event in ("response.completed", "response.incomplete")
     final = (await client.get(f"/v1/responses/{response_id}")).json()
     assert final["status"] in ("completed", "incomplete") and final["usage"]["output_tokens"] > 0
+
+
+async def test_a_dropped_socket_cancels_what_was_not_stored(secure_api: Api, tiny_worker: Worker,
+                                                               make_token: TokenFactory) -> None:
+    token, _ = await make_token()
+    for _ in range(3):  # more than the principal's two streams: each drop gives its slot back
+        async with socket(secure_api, token) as ws:
+            await ws.send(json.dumps({"type": "response.create", "model": MODEL, "input": "A long story.",
+                                      "store": False, "max_output_tokens": 1000}))
+            while (await receive(ws))["type"] != "response.output_text.delta":
+                pass
+    async with socket(secure_api, token) as ws:
+        assert completed(await create(ws, input="Hi", max_output_tokens=2))["output"]
 
 
 async def test_the_openai_client_connects(api: Api, tiny_worker: Worker) -> None:

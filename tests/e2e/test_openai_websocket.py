@@ -19,7 +19,7 @@ from openai.types.responses import ResponseStreamEvent
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import InvalidStatus
 
-from tests.support import Api, TokenFactory, Worker, collect
+from tests.support import SECURE_CORS_ORIGIN, Api, TokenFactory, Worker, collect
 from tests.support.tokens import bearer
 
 MODEL = "tiny-random"
@@ -156,7 +156,14 @@ async def test_the_handshake_carries_the_credentials(secure_api: Api, tiny_worke
             pass
     assert denied.value.response.status_code == 403
     writer, _ = await make_token(["responses:write"])
-    async with socket(secure_api, writer) as ws:
+    # a browser's page opens sockets without CORS's preflight: only the origins CORS allows may
+    with pytest.raises(InvalidStatus) as elsewhere:
+        async with connect(ws_url(secure_api), additional_headers=bearer(writer), origin="https://evil.example"):
+            pass
+    assert elsewhere.value.response.status_code == 403
+    assert elsewhere.value.response.body is not None
+    assert json.loads(elsewhere.value.response.body)["error"]["code"] == "origin_not_allowed"
+    async with connect(ws_url(secure_api), additional_headers=bearer(writer), origin=SECURE_CORS_ORIGIN) as ws:
         assert completed(await create(ws, input="Hi", max_output_tokens=2))["output"]
 
 

@@ -5,6 +5,7 @@ The handshake carries the credentials, as an HTTP request to ``/v1/responses`` w
 Bearer``, the ``responses:write`` scope, one request against the rate limit); a refused handshake is
 answered with the HTTP status and OpenAI's error object, as the route's POST would be, where the server
 can answer a handshake so (else the socket is closed with 1008, policy violation, before it opens).
+A handshake from a browser's page (``Origin``) is refused unless CORS allows that origin.
 """
 
 import contextlib
@@ -27,9 +28,16 @@ from lmsp_core.wire.errors import LmspError
 _DENIAL = "websocket.http.response"  # the ASGI extension that answers a handshake with an HTTP response
 
 
+class OriginNotAllowed(LmspError):
+    status = 403
+    default_code = "origin_not_allowed"
+    title = "Origin not allowed"
+
+
 @websocket(f"{PREFIX}/responses", opt={"scope": credentials.RESPONSES_WRITE, HANDSHAKE: True})
 async def responses_socket(socket: WebSocket[Any, Any, Any], services: Services) -> None:
     try:
+        _check_origin(services, socket.headers.get("origin"))
         identity = await authorized(services, socket.headers.get("authorization"), credentials.RESPONSES_WRITE)
     except LmspError as exc:
         await _refuse(socket, exc)
@@ -39,6 +47,15 @@ async def responses_socket(socket: WebSocket[Any, Any, Any], services: Services)
     if socket.connection_state != "disconnect":
         with contextlib.suppress(WebSocketDisconnect, OSError):  # it left while we closed
             await socket.close()
+
+
+def _check_origin(services: Services, origin: str | None) -> None:
+    """A browser's page may open a socket to any address, without CORS's preflight: only the origins
+    ``LMSP_CORS_ORIGINS`` lets read HTTP answers may open one (clients other than browsers send no
+    ``Origin``)."""
+    allowed = services.settings.cors_origin_list
+    if origin is not None and origin not in allowed and "*" not in allowed:
+        raise OriginNotAllowed(f"Origin {origin!r} may not open a WebSocket here (LMSP_CORS_ORIGINS).")
 
 
 async def _refuse(socket: WebSocket[Any, Any, Any], exc: LmspError) -> None:

@@ -222,6 +222,42 @@ def owner_files(owner: str) -> str:
     return f"{PREFIX}:owner:{owner}:files"
 
 
+# --- conversations (``lmsp_core.store.objects.conversationobjects``, OpenAI's /v1/conversations): one
+# hash tag per conversation, so that its scripts (append, a response's turn) stay in one slot
+
+
+def conversation(conversation_id: str) -> str:
+    """Hash: a conversation's record (owner, created_at, metadata) and ``next``, its next item's place."""
+    return f"{PREFIX}:conversation:{{{conversation_id}}}"
+
+
+def conversation_order(conversation_id: str) -> str:
+    """Sorted set: the conversation's item ids, scored by their place."""
+    return f"{PREFIX}:conversation:{{{conversation_id}}}:order"
+
+
+def conversation_items(conversation_id: str) -> str:
+    """Hash: item id -> the item (JSON of an LMSP input item, with its id)."""
+    return f"{PREFIX}:conversation:{{{conversation_id}}}:items"
+
+
+def conversation_turns(conversation_id: str) -> str:
+    """Hash: response id -> ``task place input-ids...`` of a response whose output is not in the
+    conversation yet: the place its output items will take."""
+    return f"{PREFIX}:conversation:{{{conversation_id}}}:turns"
+
+
+def conversation_keys(conversation_id: str) -> list[str]:
+    """The keys the conversation scripts take, in their order."""
+    return [conversation(conversation_id), conversation_order(conversation_id), conversation_items(conversation_id),
+            conversation_turns(conversation_id)]
+
+
+def task_conversation(task_id: str) -> str:
+    """String: the conversation a task's response is a turn of (its task's hash tag, its retention)."""
+    return f"{PREFIX}:task:{{{task_id}}}:conversation"
+
+
 # --- security: credentials (bearer tokens), idempotency, rate and stream limits ---------------
 # Credential keys share the hash tag ``{auth}`` so that creating or revoking a token (the token and
 # the index together) is one transaction on Redis Cluster too. Tokens are few; one slot is fine.
@@ -268,7 +304,8 @@ def streams(principal: str) -> str:
 def finished() -> str:
     """Stream: the ids of tasks that ended, added at least once (by the worker that ended a task, the
     API that cancelled a queued one, the reaper that drops a final task from its index); the API
-    processes read it in one consumer group and turn each into webhook events."""
+    processes read it in two consumer groups: one turns each into webhook events, the other settles
+    conversations' turns (``lmsp_core.store.objects.conversationobjects``)."""
     return f"{PREFIX}:finished"
 
 

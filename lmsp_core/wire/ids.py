@@ -50,6 +50,7 @@ def pattern(prefix: str) -> str:
 TASK = "task"
 BATCH = "batch"
 FILE = "file"
+CONVERSATION = "conv"
 RESPONSE = "resp"
 MESSAGE = "msg"
 FUNCTION_CALL = "fc"

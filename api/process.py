@@ -16,6 +16,7 @@ from api.modeltext import ModelText, Tokenizers
 from lmsp_core.requests.catalog import Catalog
 from lmsp_core.settings import Settings
 from lmsp_core.store import connections
+from lmsp_core.store.objects.conversationobjects import ConversationObjects
 from lmsp_core.store.objects.conversations import ConversationStore
 from lmsp_core.store.objects.files import FileStore
 from lmsp_core.store.tasks.records import TaskStore
@@ -29,7 +30,8 @@ class Services:
     store: TaskStore
     hub: EventHub
     limits: Limits
-    conversations: ConversationStore
+    conversations: ConversationStore  # stored responses and their chains (previous_response_id)
+    conversation_objects: ConversationObjects  # OpenAI's conversation objects (/v1/conversations)
     replicas: connections.ReplicaWatch
     tokenizers: Tokenizers
     files: FileStore
@@ -44,7 +46,8 @@ class Services:
                    tokenizers=Tokenizers(catalog, Path(settings.model_cache)),
                    store=TaskStore(redis, settings, replicas), hub=EventHub(redis, settings.sse_heartbeat),
                    limits=Limits(redis, settings), conversations=ConversationStore(redis, settings),
-                   replicas=replicas, files=FileStore(redis, settings, replicas))
+                   replicas=replicas, files=FileStore(redis, settings, replicas),
+                   conversation_objects=ConversationObjects(redis, settings, replicas))
 
     async def model_text(self, model_id: str) -> ModelText | None:
         """The model's prompt renderer and grammar tokenizer (``api.modeltext``)."""

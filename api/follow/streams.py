@@ -25,7 +25,7 @@ from redis.exceptions import RedisError
 from api.follow.framing import KEEPALIVE, response
 from api.limits import StreamSlot
 from api.process import Services
-from api.submission.submit import submit
+from api.submission.submit import History, submit
 from lmsp_core import wire
 from lmsp_core.store.tasks import eventlog
 from lmsp_core.store.tasks.eventlog import Event
@@ -54,13 +54,14 @@ class Opened(NamedTuple):
 
 
 async def open(services: Services, request: wire.ResponseRequest, *, kind: Kind, owner: str, stream: bool,
-               expired: str, idempotency_key: str | None = None, endpoint: str | None = None) -> Opened:
+               expired: str, idempotency_key: str | None = None, endpoint: str | None = None,
+               history: History | None = None) -> Opened:
     """Submit the request (``api.submission.submit``), with the stream's slot taken first when
     ``stream``; ``expired`` is the ``410`` of a streaming repeat whose events are gone."""
     slot = await services.limits.open_stream(owner) if stream else None
     try:
         record, repeated = await submit(services, request, kind=kind, owner=owner, idempotency_key=idempotency_key,
-                                        endpoint=endpoint)
+                                        endpoint=endpoint, history=history)
         if slot is not None and repeated:
             await check_history(services, record, expired)
     except BaseException:

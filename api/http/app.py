@@ -11,6 +11,7 @@ from litestar.datastructures import State
 from litestar.di import Provide
 
 from api.background.batchdriver import BatchDriver
+from api.background.conversations import TurnSettler
 from api.background.webhooks import Webhooks
 from api.http.auth import authorize, check_exposure, check_routes
 from api.http.ignoredextensions import IGNORED_EXTENSIONS_HEADER
@@ -24,6 +25,7 @@ from api.http.routes.models import ModelsController
 from api.http.routes.openai_batches import OpenAIBatchesController
 from api.http.routes.openai_chat import OpenAIChatController, OpenAIModelsController
 from api.http.routes.openai_compact import OpenAICompactController
+from api.http.routes.openai_conversations import OpenAIConversationsController
 from api.http.routes.openai_responses import OpenAIResponsesController
 from api.http.routes.openai_responses_socket import responses_socket
 from api.http.routes.playground import playground
@@ -72,6 +74,8 @@ def create_app(settings: Settings | None = None) -> Litestar:
         app.state.services.limits.start()
         app.state.webhooks = Webhooks(app.state.services)
         app.state.webhooks.start()
+        app.state.settler = TurnSettler(app.state.services)
+        app.state.settler.start()
         driver = BatchDriver(app.state.services, functools.partial(webhooks.emit, app.state.services.redis))
         app.state.batches = asyncio.create_task(driver.run(), name="batch-driver")
         # everything loaded so far (modules, routes, schemas) lives as long as the process: take it
@@ -83,6 +87,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
         with contextlib.suppress(asyncio.CancelledError):
             await app.state.batches
         await app.state.webhooks.close()
+        await app.state.settler.close()
         await app.state.services.close()
         await asyncio.to_thread(tracing.shutdown)  # sends the spans still buffered
 
@@ -90,7 +95,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
         route_handlers=[ResponsesController, TasksController, ModelsController, OpenAIResponsesController,
                         OpenAICompactController, responses_socket, OpenAIChatController, OpenAIModelsController,
                         healthz, readyz, prometheus_metrics, status, playground, openai_files.controller(settings),
-                        OpenAIBatchesController, WebhooksController],
+                        OpenAIBatchesController, WebhooksController, OpenAIConversationsController],
         dependencies={
             "services": Provide(provide_services, sync_to_thread=False),
             "owner": Provide(provide_owner, sync_to_thread=False),

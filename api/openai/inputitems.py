@@ -11,6 +11,7 @@ from typing import Literal
 from api.openai import objects as oa
 from api.openai.translation import echo_in
 from lmsp_core import wire
+from lmsp_core.store.objects.conversationobjects import ITEM_PREFIXES
 from lmsp_core.store.objects.conversations import StoredResponse
 from lmsp_core.wire import ids
 from lmsp_core.wire.errors import InvalidRequest
@@ -18,19 +19,16 @@ from lmsp_core.wire.errors import InvalidRequest
 MAX_PAGE = 100
 Order = Literal["asc", "desc"]
 
-_PREFIXES = {wire.Message: ids.MESSAGE, wire.FunctionCall: ids.FUNCTION_CALL,
-             wire.FunctionCallOutput: ids.FUNCTION_CALL_OUTPUT, wire.Reasoning: ids.REASONING}
-
 
 def input_items(turn: StoredResponse) -> list[oa.InputItem]:
     numbered = list(enumerate(turn.input))
     if echo_in(turn.extensions).get("instructions"):
         numbered = numbered[1:]
-    return [_item(item, item.id or ids.derived_id(_PREFIXES[type(item)], f"{turn.task_id}/{index}"))
+    return [item_object(item, item.id or ids.derived_id(ITEM_PREFIXES[type(item)], f"{turn.task_id}/{index}"))
             for index, item in numbered]
 
 
-def _item(item: wire.InputItem, item_id: str) -> oa.InputItem:
+def item_object(item: wire.InputItem, item_id: str) -> oa.InputItem:
     if isinstance(item, wire.Message):
         texts = [part.text for part in item.content if isinstance(part, wire.TEXT_PARTS)]
         part = oa.OutputText if item.role == "assistant" else oa.InputText

@@ -121,6 +121,10 @@ class TextConfig(_Obj, frozen=True, kw_only=True):
     format: TextFormat | JsonObjectFormat | JsonSchemaFormat
 
 
+class ConversationRef(_Obj, frozen=True, kw_only=True):
+    id: str
+
+
 class Response(_Obj, frozen=True, kw_only=True):
     """The response object of ``/v1/responses``; ``id`` is the LMSP response id."""
 
@@ -152,6 +156,7 @@ class Response(_Obj, frozen=True, kw_only=True):
     text: TextConfig
     max_output_tokens: int | None = None
     previous_response_id: str | None = None
+    conversation: ConversationRef | msgspec.UnsetType = msgspec.UNSET  # left out without one
     background: bool
     store: bool
     truncation: Literal["disabled"] = "disabled"

@@ -48,6 +48,7 @@ class ResponseView:
             text=self._text(), max_output_tokens=request.max_output_tokens,
             previous_response_id=request.previous_response_id or echo_of(request).get("previous_response_id"),
             background=self.background, store=request.store,
+            conversation=_conversation(echo_of(request).get("conversation")),
             metadata=self.options.metadata or {}, parallel_tool_calls=self.options.parallel_tool_calls,
             service_tier=tier_of(request), prompt_cache_key=self.options.prompt_cache_key,
             user=echo_of(request).get("user"), safety_identifier=echo_of(request).get("safety_identifier"),
@@ -68,6 +69,10 @@ class ResponseView:
         spec = chosen.json_schema
         return oa.TextConfig(format=oa.JsonSchemaFormat(name=spec.name, schema=spec.schema,
                                                         description=spec.description, strict=spec.strict))
+
+
+def _conversation(conversation_id: str | None) -> oa.ConversationRef | msgspec.UnsetType:
+    return msgspec.UNSET if conversation_id is None else oa.ConversationRef(id=conversation_id)
 
 
 def _tool(tool: wire.FunctionTool) -> oa.FunctionTool:

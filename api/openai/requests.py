@@ -79,6 +79,10 @@ class ClientOptions(_Body, frozen=True, kw_only=True):
     service_tier: ServiceTier | None = None
 
 
+class ConversationParam(_Body, frozen=True, kw_only=True):
+    id: ObjectId
+
+
 class ResponsesRequest(ClientOptions, frozen=True, kw_only=True):
     """Body of ``POST /v1/responses``."""
 
@@ -89,6 +93,7 @@ class ResponsesRequest(ClientOptions, frozen=True, kw_only=True):
     tool_choice: Literal["auto", "none", "required"] | NamedFunction | None = None
     text: TextConfig | None = None
     previous_response_id: ObjectId | None = None
+    conversation: ObjectId | ConversationParam | None = None  # api.openai.conversations
     store: bool | None = None
     background: bool | None = None
     stream: bool | None = None

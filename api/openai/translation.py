@@ -42,7 +42,8 @@ _SHARED_PARAMS = {"model_not_found": "model", "max_output_tokens_too_large": "ma
 RESPONSES_PARAMS = {**_SHARED_PARAMS, "context_length_exceeded": "input", "too_many_input_items": "input",
                     "input_too_long": "input", "unmatched_call_id": "input", "invalid_json_schema": "text.format",
                     "response_not_found": "previous_response_id", "previous_response_in_progress":
-                    "previous_response_id", "conversation_too_long": "previous_response_id"}
+                    "previous_response_id", "conversation_too_long": "previous_response_id",
+                    "conversation_not_found": "conversation", "conversation_locked": "conversation"}
 CHAT_PARAMS = {**_SHARED_PARAMS, "context_length_exceeded": "messages", "too_many_input_items": "messages",
                "input_too_long": "messages", "unmatched_call_id": "messages",
                "invalid_json_schema": "response_format", "max_output_tokens_too_large": "max_completion_tokens",
@@ -64,6 +65,8 @@ def responses_request(body: oa.ResponsesRequest, spec: ModelSpec) -> wire.Respon
     response_format, echo = _text_format(body.text)
     if body.instructions is not None:
         echo["instructions"] = True
+    if body.conversation is not None:
+        echo["conversation"] = conversation_id(body)
     request = wire.ResponseRequest(
         model=body.model, input=items, stream=bool(body.stream), max_output_tokens=body.max_output_tokens,
         temperature=body.temperature, response_format=response_format, tools=_tools(body.tools, "tools"),
@@ -73,6 +76,17 @@ def responses_request(body: oa.ResponsesRequest, spec: ModelSpec) -> wire.Respon
     )
     _check_capabilities(request, spec, input_param="input", format_param="text.format")
     return request
+
+
+def conversation_id(body: oa.ResponsesRequest) -> str | None:
+    """The conversation a response continues (``api.openai.conversations``); not with
+    ``previous_response_id``, as on OpenAI."""
+    chosen = body.conversation
+    if chosen is not None and body.previous_response_id is not None:
+        raise InvalidRequest("Mutually exclusive parameters: provide either 'previous_response_id' or "
+                             "'conversation', not both.", code="mutually_exclusive_parameters",
+                             extra={"param": "conversation"})
+    return chosen.id if isinstance(chosen, oa.ConversationParam) else chosen
 
 
 def counted_request(body: oa.InputTokensRequest, spec: ModelSpec) -> wire.ResponseRequest:
@@ -260,12 +274,12 @@ def _check_length(param: str, value: str | None, limit: int, what: str = "string
 # --- input items -------------------------------------------------------------------------------------
 
 
-def input_items(raw: str | list[dict[str, Any]]) -> list[wire.InputItem]:
+def input_items(raw: str | list[dict[str, Any]], param: str = "input") -> list[wire.InputItem]:
     if isinstance(raw, str):
         return [wire.Message(role="user", content=[wire.InputText(text=raw)])]
     if not raw:
-        raise InvalidRequest("input must not be empty.", extra={"param": "input"})
-    return [_input_item(item, f"input[{index}]") for index, item in enumerate(raw)]
+        raise InvalidRequest(f"{param} must not be empty.", extra={"param": param})
+    return [_input_item(item, f"{param}[{index}]") for index, item in enumerate(raw)]
 
 
 def _input_item(item: dict[str, Any], param: str) -> wire.InputItem:
@@ -442,6 +456,8 @@ def _check_capabilities(request: wire.ResponseRequest, spec: ModelSpec, *, input
         _require(spec, "structured_output", format_param, "A JSON output format")
     if request.previous_response_id is not None:
         _require(spec, "conversations", "previous_response_id", "previous_response_id")
+    if echo_of(request).get("conversation") is not None:
+        _require(spec, "conversations", "conversation", "conversation")
 
 
 T = TypeVar("T")

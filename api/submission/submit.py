@@ -8,7 +8,7 @@ before anything was queued.
 
 import contextlib
 import time
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 from redis.exceptions import RedisError
 
@@ -26,9 +26,20 @@ from lmsp_core.store.tasks.eventstore import pack_tokens
 from lmsp_core.store.tasks.records import Kind, TaskRecord, metadata_of
 from lmsp_core.store.tenants import principals
 from lmsp_core.wire import ids
-from lmsp_core.wire.errors import ServiceUnavailable, TooManyRequests
+from lmsp_core.wire.errors import LmspError, ServiceUnavailable, TooManyRequests
 
 QUOTA_RETRY_AFTER = 5
+
+
+class History(Protocol):
+    """Earlier turns a request continues from elsewhere than ``previous_response_id`` (an OpenAI
+    conversation: ``api.openai.conversations``), and where its own turn is kept."""
+
+    async def items(self) -> list[wire.InputItem]: ...  # the earlier turns' items, in order
+
+    async def keep(self, record: TaskRecord, request: wire.ResponseRequest) -> None: ...  # before it is queued
+
+    async def forget(self, record: TaskRecord) -> None: ...  # it was never queued
 
 
 class Submission(NamedTuple):
@@ -38,17 +49,19 @@ class Submission(NamedTuple):
 
 async def submit(services: Services, request: wire.ResponseRequest, *, kind: Kind, owner: str,
                  idempotency_key: str | None = None, endpoint: str | None = None,
-                 batch: str | None = None) -> Submission:
+                 batch: str | None = None, history: History | None = None) -> Submission:
     """Check the request and queue it. Raises LmspError for bad requests and full queues. ``endpoint``
     names the route for ``Idempotency-Key`` fingerprints (default: the kind), so that a key reused on
     another route is refused even when the requests translate to the same LMSP request. ``batch``:
-    the batch whose line the task runs."""
+    the batch whose line the task runs; ``history``: the earlier turns of a conversation."""
     print_ = idempotency.fingerprint(endpoint or kind, request) if idempotency_key else ""
     if idempotency_key and (earlier := await idempotency.lookup(services.redis, owner, idempotency_key, print_)):
         return Submission(await _earlier(services, earlier), True)
     spec = services.catalog.get(request.model)
     chain = await _conversation(services, request, spec, owner)
     items = conversations.context(chain, request.input) if chain else None
+    if history is not None:
+        items = [*await history.items(), *request.input]
     rendered, cost = await admit(services, request, spec, kind, items)
     span = tracing.current()  # the request's (or the batch line's): the task's runs join its trace
     record = TaskRecord(
@@ -76,13 +89,15 @@ async def submit(services: Services, request: wire.ResponseRequest, *, kind: Kin
         fair = await _ticket(services, record)
         if request.store and spec.has("conversations"):
             await services.conversations.store(record, request, chain)
+        if history is not None:
+            await history.keep(record, request)
         place = queue.score(record.created_at, priority, services.settings.priority_step)
         if not await queue.enqueue(services.redis, record.id, spec.id, place, fair=fair):
             raise _over_quota(record, fair)
         # acknowledged once a replica holds it too (or the wait timed out): a failover then keeps it
         await services.store.replicated(record.id)
-    except (RedisError, TooManyRequests):
-        await _forget(services, record)
+    except (RedisError, LmspError):
+        await _forget(services, record, history)
         if idempotency_key:
             with contextlib.suppress(RedisError):
                 await idempotency.release(services.redis, owner, idempotency_key, record.id)
@@ -138,8 +153,10 @@ def _key_ttl(services: Services) -> float:
     return min(services.settings.idempotency_ttl, services.settings.task_retention)
 
 
-async def _forget(services: Services, record: TaskRecord) -> None:
+async def _forget(services: Services, record: TaskRecord, history: History | None = None) -> None:
     # if Redis is gone the orphan record stays; it is never run, and the client saw an error
     with contextlib.suppress(RedisError):
         await services.store.delete(record)
         await services.conversations.forget(record)
+        if history is not None:
+            await history.forget(record)

@@ -65,10 +65,11 @@ async def test_tokens_and_scopes(sdk_for: Client, make_token: TokenFactory, secu
 async def test_each_route_needs_its_scope(secure: httpx.AsyncClient, make_token: TokenFactory, method: str,
                                           path: str, scope: str) -> None:
     url = path.format(response_id="resp_01J8M6Q4W2T7N5R3V9X1Z8B0DF", model=MODEL,
-                      file_id="file_01J8M6Q4W2T7N5R3V9X1Z8B0DF", batch_id="batch_01J8M6Q4W2T7N5R3V9X1Z8B0DF")
+                      file_id="file_01J8M6Q4W2T7N5R3V9X1Z8B0DF", batch_id="batch_01J8M6Q4W2T7N5R3V9X1Z8B0DF",
+                      conversation_id="conv_01J8M6Q4W2T7N5R3V9X1Z8B0DF", item_id="msg_01J8M6Q4W2T7N5R3V9X1Z8B0DF")
     body = {"model": MODEL, "max_output_tokens": 1, "max_tokens": 1}
     body |= {"messages": [{"role": "user", "content": "Hi"}]} if "chat" in path else {"input": "Hi"}
-    kwargs: dict[str, Any] = _FORMS.get(path) or _BODIES.get(path) or (
+    kwargs: dict[str, Any] = _FORMS.get(path) or (_BODIES.get(path) if method == "POST" else None) or (
         {"json": {k: v for k, v in body.items() if k in _FIELDS[path]}} if method == "POST" else {})
     missing = await secure.request(method, url, **kwargs)
     assert missing.status_code == 401 and missing.json()["error"]["code"] == "unauthorized"
@@ -88,7 +89,9 @@ _FIELDS = {"/v1/responses": {"model", "input", "max_output_tokens"},
 # the routes whose JSON body is not a generation request
 _BODIES: dict[str, dict[str, Any]] = {"/v1/batches": {"json": {
     "input_file_id": "file_01J8M6Q4W2T7N5R3V9X1Z8B0DF", "endpoint": "/v1/chat/completions",
-    "completion_window": "24h"}}}
+    "completion_window": "24h"}}, "/v1/conversations": {"json": {}},
+    "/v1/conversations/{conversation_id}": {"json": {"metadata": {}}},
+    "/v1/conversations/{conversation_id}/items": {"json": {"items": [{"role": "user", "content": "Hi"}]}}}
 # the routes whose body is a form (multipart)
 _FORMS: dict[str, dict[str, Any]] = {"/v1/files": {"files": {"file": ("a.jsonl", b"{}\n")},
                                                    "data": {"purpose": "batch"}}}

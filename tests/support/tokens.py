@@ -46,4 +46,12 @@ OPENAI_ROUTES: list[tuple[str, str, str | None]] = [
     ("GET", "/v1/batches", credentials.TASKS_READ),
     ("GET", "/v1/batches/{batch_id}", credentials.TASKS_READ),
     ("POST", "/v1/batches/{batch_id}/cancel", credentials.TASKS_WRITE),
+    ("POST", "/v1/conversations", credentials.RESPONSES_WRITE),
+    ("GET", "/v1/conversations/{conversation_id}", credentials.RESPONSES_READ),
+    ("POST", "/v1/conversations/{conversation_id}", credentials.RESPONSES_WRITE),
+    ("DELETE", "/v1/conversations/{conversation_id}", credentials.RESPONSES_WRITE),
+    ("GET", "/v1/conversations/{conversation_id}/items", credentials.RESPONSES_READ),
+    ("POST", "/v1/conversations/{conversation_id}/items", credentials.RESPONSES_WRITE),
+    ("GET", "/v1/conversations/{conversation_id}/items/{item_id}", credentials.RESPONSES_READ),
+    ("DELETE", "/v1/conversations/{conversation_id}/items/{item_id}", credentials.RESPONSES_WRITE),
 ]

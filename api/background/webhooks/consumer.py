@@ -80,6 +80,8 @@ def task_events(record: TaskEnd) -> list[Event]:
 
 
 class FinishedConsumer:
+    NAME = "webhook consumer"  # in its log lines
+
     def __init__(self, redis: Redis, stream: str | None = None, group: str = GROUP) -> None:
         self.redis = redis
         self.stream = stream or keys.finished()
@@ -91,7 +93,7 @@ class FinishedConsumer:
         self._forgot_at = time.monotonic()
 
     async def run(self) -> None:
-        outage = Outage("webhook consumer", logger)
+        outage = Outage(self.NAME, logger)
         joined = False
         while True:
             try:
@@ -102,7 +104,7 @@ class FinishedConsumer:
             except ResponseError as exc:
                 joined = "NOGROUP" not in str(exc)  # the stream went (a Redis without persistence restarted)
                 if joined:
-                    logger.warning("webhook consumer: %s", exc)
+                    logger.warning("%s: %s", self.NAME, exc)
                     await asyncio.sleep(1)
             except (RedisError, OSError) as exc:
                 outage.failed(exc)

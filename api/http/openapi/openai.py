@@ -13,6 +13,7 @@ from api.http.openapi import document as doc
 from api.http.openapi import eventstreams as streamdoc
 from api.openai import batches as ob
 from api.openai import chatobjects as co
+from api.openai import conversations as oc
 from api.openai import objects as oa
 from api.openai import requests as rq
 from api.openai.chat import ChunkRenderer, completion
@@ -59,6 +60,11 @@ _TURN = StoredResponse(response_id=doc.RESPONSE_ID, task_id=doc.TASK_ID, owner="
                        created_at=1794200000, input=doc.REQUEST.input)
 INPUT_ITEMS = page(input_items(_TURN), limit=20, order="desc", after=None)
 DELETED = wire.DeletedResponse(id=doc.RESPONSE_ID)
+_CONVERSATION_ID = "conv_01J8M6Q4W2T7N5R3V9X1Z8B0DF"
+CONVERSATION = oc.Conversation(id=_CONVERSATION_ID, created_at=1794200000, metadata={"topic": "queues"})
+CONVERSATION_DELETED = oc.ConversationDeleted(id=_CONVERSATION_ID)
+CONVERSATION_ITEMS = oc.item_list([msgspec.structs.replace(item, id=doc.MESSAGE_ID) for item in doc.REQUEST.input])
+CONVERSATION_ITEM = CONVERSATION_ITEMS.data[0]
 _FILE_ID = "file_01J8M6Q4W2T7N5R3V9X1Z8B0DF"
 _FILE = FileRecord(id=_FILE_ID, owner="local", purpose="batch", filename="requests.jsonl", bytes=18_604,
                    created_at=1794200000, expires_at=1796792000, lines=100)
@@ -130,6 +136,16 @@ _ERRORS: dict[str, tuple[int, str, str | None]] = {
     "model_not_found": (404, "Model 'no-such-model' does not exist.", "model"),
     "batch_not_found": (404, f"Batch {_BATCH_ID!r} does not exist.", None),
     "file_not_found": (404, "File 'file_01J8M6Q4W2T7N5R3V9X1Z8B0DF' does not exist.", None),
+    "conversation_not_found": (404, "Conversation 'conv_01J8M6Q4W2T7N5R3V9X1Z8B0DF' does not exist (or has "
+                                    "expired).", None),
+    "item_not_found": (404, f"Item {doc.MESSAGE_ID!r} does not exist in conversation "
+                            "'conv_01J8M6Q4W2T7N5R3V9X1Z8B0DF'.", None),
+    "conversation_locked": (400, "Another response of conversation 'conv_01J8M6Q4W2T7N5R3V9X1Z8B0DF' is still "
+                                 "being generated; retry once it is final.", "conversation"),
+    "mutually_exclusive_parameters": (400, "Mutually exclusive parameters: provide either 'previous_response_id' "
+                                           "or 'conversation', not both.", "conversation"),
+    "unsupported_content_type": (400, "Content of type 'input_image' is not supported: this service takes text "
+                                      "only.", "items[0].content[0].type"),
     "response_not_found": (404, f"Response {doc.RESPONSE_ID!r} does not exist (or was not stored, or has "
                                 "expired).", None),
     "event_history_expired": (410, "The events of this response have expired; retrieve it without stream.", None),

@@ -8,6 +8,7 @@ from typing import Any
 from api.http.openapi.eventstreams import JsonSchema, json_schema
 from api.http.strictbodies import StructDoc
 from api.openai import compaction
+from api.openai import conversations as oc
 from api.openai import requests as rq
 from api.openai.compactionitem import CompactionItem
 from api.openai.translation import MAX_SAFETY_IDENTIFIER, MAX_USER, TEXT_TYPES
@@ -75,6 +76,8 @@ PENALTIES: dict[str, JsonSchema] = {"frequency_penalty": _ZERO, "presence_penalt
 INPUT: JsonSchema = {"anyOf": [{"type": "string"},
                                {"type": "array", "minItems": 1, "items": {"anyOf": INPUT_ITEMS}}]}
 
+ITEMS: JsonSchema = {"type": "array", "maxItems": oc.MAX_ITEMS, "items": {"anyOf": INPUT_ITEMS}}
+
 BODIES: dict[type, StructDoc] = {
     rq.ResponsesRequest: StructDoc(fields={"input": INPUT, **CLIENT_OPTIONS, **PENALTIES}),
     # input, or instructions alone
@@ -95,6 +98,11 @@ BODIES: dict[type, StructDoc] = {
         {"if": {"required": ["stream_options"], "properties": {"stream_options": {"type": "object"}}},
          "then": {"required": ["stream"], "properties": {"stream": {"const": True}}}},
     ]),
+    # items as a response's input items, at most 20 at once
+    oc.ConversationCreate: StructDoc(fields={"items": {"anyOf": [ITEMS, NULL]},
+                                             "metadata": CLIENT_OPTIONS["metadata"]}),
+    oc.ConversationUpdate: StructDoc(fields={"metadata": CLIENT_OPTIONS["metadata"]}),
+    oc.ItemsCreate: StructDoc(fields={"items": {**ITEMS, "minItems": 1}}),
     # names and descriptions become the service's own (wire) tools and formats, with their constraints
     rq.FunctionTool: StructDoc(fields={"name": TOOL_NAME, "description": DESCRIPTION}),
     rq.FunctionDefinition: StructDoc(fields={"name": TOOL_NAME, "description": DESCRIPTION}),

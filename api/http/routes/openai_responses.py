@@ -21,6 +21,7 @@ from api.follow.framing import ResponseFrames
 from api.http.openapi import openai as docs
 from api.openai import PREFIX
 from api.openai import requests as rq
+from api.openai.conversations import turn_of
 from api.openai.errors import FailedGeneration, errors_only, with_param
 from api.openai.inputitems import MAX_PAGE, Order, input_items, page
 from api.openai.objects import InputItemList, InputTokens
@@ -61,7 +62,8 @@ class OpenAIResponsesController(Controller):
                       "Unsupported parameters are refused with `400` naming them; see docs/protocol.md, \"OpenAI "
                       "compatibility\".",
           responses={200: docs.ok(ResponseObject, "The response (with `background`: as queued)", docs.RESPONSE),
-                     **docs.errors(*docs.GENERATION_ERRORS, "response_not_found")})
+                     **docs.errors(*docs.GENERATION_ERRORS, "response_not_found", "conversation_not_found",
+                                   "conversation_locked", "mutually_exclusive_parameters")})
     async def create_response(
         self, request: Request[Any, Any, Any],
         data: Annotated[rq.ResponsesRequest, Body(examples=docs.RESPONSES_REQUESTS)],
@@ -76,7 +78,9 @@ class OpenAIResponsesController(Controller):
             kind: Kind = "task" if data.background else "direct"
             record, repeated, slot = await streams.open(services, lmsp, kind=kind, owner=identity.principal,
                                                         stream=bool(data.stream), expired=_EXPIRED,
-                                                        idempotency_key=key, endpoint=f"{ENDPOINT}.{kind}")
+                                                        idempotency_key=key, endpoint=f"{ENDPOINT}.{kind}",
+                                                        history=turn_of(services.conversation_objects, lmsp,
+                                                                        identity.principal))
         except LmspError as exc:
             raise with_param(exc, RESPONSES_PARAMS) from None
         headers = REPLAYED if repeated else {}

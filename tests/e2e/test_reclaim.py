@@ -272,3 +272,59 @@ async def test_an_openai_background_response_outlives_its_worker(group: Group) -
     assert final.status == "completed" and final.output_text == reference.output_text == text
     jsonschema.validate(json.loads(final.output_text), WORDS)
     assert await group.attempts(task_id) >= 2 and await group.field(task_id, "worker") != killed
+
+
+TURNS = 20
+KILLED_TURN = 9
+
+
+async def _killed_turn(group: Group, sdk: openai.AsyncOpenAI, conversation_id: str, text: str) -> Any:
+    """A background response of the conversation whose worker is SIGKILLed mid-generation; its task
+    runs again on the other worker. Returns the final response."""
+    stream = await sdk.responses.create(model=MODEL, conversation=conversation_id, input=text,
+                                        max_output_tokens=300, background=True, stream=True)
+    seen = []
+    async for event in stream:  # until some of the answer's text came
+        seen.append(event)
+        if sum(len(e.delta) for e in seen if e.type == "response.output_text.delta") >= 40:
+            break
+    await stream.close()
+    for worker in group.workers:  # freeze both, so that the task cannot end before the kill
+        worker.signal(signal.SIGSTOP)
+    response_id = seen[0].response.id
+    task_id = (await group.redis.get(keys.response(response_id))).decode()
+    victim = await group.holder(task_id)
+    killed = await group.field(task_id, "worker")
+    victim.kill()
+    for worker in group.workers:
+        if worker is not victim:
+            worker.signal(signal.SIGCONT)
+    victim.start()
+    while (final := await sdk.responses.retrieve(response_id)).status in ("queued", "in_progress"):
+        await asyncio.sleep(0.1)
+    assert await group.attempts(task_id) >= 2 and await group.field(task_id, "worker") != killed
+    return final
+
+
+async def test_a_conversation_of_twenty_responses_one_killed_lists_each_item_once(group: Group) -> None:
+    """The issue's check: 20 responses continue a conversation, one of them while its worker is
+    SIGKILLed; the conversation lists their 40 items (input, output) in order, none twice."""
+    await wait_for(lambda: _all_ready(group), what="workers ready")
+    async with openai.AsyncOpenAI(base_url=f"{group.apis[0].url}/v1", api_key="unused", max_retries=0) as sdk:
+        conversation = await sdk.conversations.create()
+        responses = []
+        for turn in range(TURNS):
+            text = f"Turn {turn}: go on."
+            if turn == KILLED_TURN:
+                responses.append(await _killed_turn(group, sdk, conversation.id, text))
+            else:
+                responses.append(await sdk.responses.create(model=MODEL, conversation=conversation.id, input=text,
+                                                            max_output_tokens=4))
+        items = [item async for item in sdk.conversations.items.list(conversation.id, order="asc", limit=7)]
+    assert len(items) == 2 * TURNS and len({item.id for item in items}) == 2 * TURNS
+    assert [item.role for item in items] == ["user", "assistant"] * TURNS
+    assert [item.content[0].text for item in items[::2]] == [f"Turn {turn}: go on." for turn in range(TURNS)]
+    assert [item.id for item in items[1::2]] == [response.output[0].id for response in responses]
+    assert ["".join(part.text for part in item.content) for item in items[1::2]] == [
+        response.output_text for response in responses]
+    assert all(response.conversation.id == conversation.id for response in responses)

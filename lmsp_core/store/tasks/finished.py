@@ -3,8 +3,9 @@
 Whoever ends a task adds its id: the worker after the task's final event is stored, the API when it
 cancels a queued task, the reaper when it drops a final task from its index (a worker killed
 between its final append and this one). An id may come several times; its readers (the API's
-webhook consumers, ``api/background/webhooks/consumer.py``) read the task's record, which is the truth, and
-act idempotently.
+webhook consumers, ``api/background/webhooks/consumer.py``, and conversations' settlers,
+``api/background/conversations.py``, a consumer group each) read the task's record, which is the
+truth, and act idempotently.
 """
 
 from collections.abc import Iterable

@@ -17,8 +17,16 @@ from api.openai import requests as rq
 from api.openai.inputitems import item_object
 from api.openai.translation import echo_of, input_items, with_client_options
 from lmsp_core import wire
-from lmsp_core.store.objects.conversationobjects import ConversationObjects, ConversationRecord, Turn, locked, with_ids
+from lmsp_core.store.objects.conversationobjects import (
+    ConversationObjects,
+    ConversationRecord,
+    Turn,
+    locked,
+    not_found,
+    with_ids,
+)
 from lmsp_core.store.tasks.records import TaskRecord
+from lmsp_core.wire import ids
 from lmsp_core.wire.errors import InvalidRequest
 
 MAX_ITEMS = 20  # OpenAI's: items a create or an append may add at once
@@ -105,6 +113,8 @@ class ConversationTurn:
         self.owner = owner
 
     async def items(self) -> list[wire.InputItem]:
+        if not ids.is_id(self.id, ids.CONVERSATION):  # nothing to look up (nor a key of one hash tag)
+            raise not_found(self.id)
         await self.store.get(self.id, self.owner)
         if await self.store.settle(self.id):  # the turn of a response still being generated
             raise locked(self.id)

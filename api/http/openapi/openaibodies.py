@@ -79,7 +79,10 @@ INPUT: JsonSchema = {"anyOf": [{"type": "string"},
 ITEMS: JsonSchema = {"type": "array", "maxItems": oc.MAX_ITEMS, "items": {"anyOf": INPUT_ITEMS}}
 
 BODIES: dict[type, StructDoc] = {
-    rq.ResponsesRequest: StructDoc(fields={"input": INPUT, **CLIENT_OPTIONS, **PENALTIES}),
+    rq.ResponsesRequest: StructDoc(fields={"input": INPUT, **CLIENT_OPTIONS, **PENALTIES}, rules=[
+        # a conversation, or the previous response: not both (400 mutually_exclusive_parameters)
+        {"not": {"required": ["previous_response_id", "conversation"],
+                 "properties": {"previous_response_id": {"type": "string"}, "conversation": {"not": NULL}}}}]),
     # input, or instructions alone
     rq.InputTokensRequest: StructDoc(fields={"input": {"anyOf": [*INPUT["anyOf"], NULL]}}, rules=[
         {"anyOf": [{"required": ["input"], "properties": {"input": {"not": NULL}}},

@@ -21,9 +21,9 @@ from api.openai.errors import errors_only
 from api.openai.inputitems import Order
 from api.openai.objects import InputItem, InputItemList
 from api.process import Services
+from lmsp_core.store.objects.conversationobjects import not_found
 from lmsp_core.store.tenants import credentials
 from lmsp_core.wire import ids
-from lmsp_core.wire.errors import NotFound
 
 _INCLUDE = Annotated[list[str] | None, Parameter(
     description="nothing can be included: absent only",
@@ -38,7 +38,7 @@ def _json(value: Any) -> Response[Any]:
 def _checked(conversation_id: str) -> str:
     """A conversation id, or ``404`` at once for what cannot be one."""
     if not ids.is_id(conversation_id, ids.CONVERSATION):
-        raise NotFound(f"Conversation {conversation_id!r} does not exist.", code="conversation_not_found")
+        raise not_found(conversation_id)
     return conversation_id
 
 

@@ -36,6 +36,10 @@ def test_keys_updated_together_share_a_slot() -> None:
                      keys.batch_results(batch))) == 1
     file = "file-01J8M6Q4W2T7N5R3V9X1Z8B0DF"
     assert len(slots(keys.file(file), keys.file_content(file), keys.file_staging(file, "n1"))) == 1
+    conversation = "conv_01J8M6Q4W2T7N5R3V9X1Z8B0DF"
+    mark = keys.replication_mark(keys.conversation(conversation))
+    assert len(slots(*keys.conversation_keys(conversation), mark)) == 1
+    assert len(slots(keys.task_conversation(file), keys.task(file))) == 1
     assert len(slots(keys.webhook("wh_1"), keys.owner_webhooks("acme"), keys.all_webhooks(),
                      keys.webhook_deliveries("wh_1"), keys.delivery("d_1"), keys.deliveries_due())) == 1
 

@@ -82,7 +82,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     # comma-separated origins allowed by CORS ("*" for any); empty: CORS off
     cors_origins: str = ""
     idempotency_ttl: Seconds = 86400.0
-    # stored responses (store: true), counted from the last turn that continued their conversation
+    # stored responses (store: true), counted from the last turn that continued their conversation, and
+    # OpenAI's conversations (/v1/conversations), counted from their last change
     response_retention: Seconds = 30 * 86400.0
     # OpenAI's files (/v1/files, docs/protocol.md, "Files (OpenAI)"), counted from their upload, as
     # OpenAI keeps batch files

@@ -83,6 +83,8 @@ async def test_a_turn_is_settled_once_in_its_place(objects: ConversationObjects,
     items = await objects.items(record.id)
     assert [text(item) for item in items] == ["before", "question", "answer", "more", "meanwhile"]
     assert [item.id for item in items[2:4]] == answer_ids
+    for key in keys.conversation_keys(record.id)[:3]:
+        assert await redis.pttl(key) > 0, key
 
 
 async def test_a_turn_never_queued_is_forgotten(objects: ConversationObjects, redis: aioredis.Redis) -> None:

@@ -85,14 +85,15 @@ keep(tonumber(ARGV[2]))
 return 1
 """
 
-# ARGV: response id, count, pairs. The turn's output takes its place; 0: no such turn (settled)
+# ARGV: response id, ttl, count, pairs. The turn's output takes its place; 0: no such turn (settled)
 _SETTLE = _PLACE + """
 local turn = redis.call('HGET', KEYS[4], ARGV[1])
 if not turn then return 0 end
 redis.call('HDEL', KEYS[4], ARGV[1])
 local at = tonumber(string.match(turn, '^%S+ (%S+)'))
-local count = tonumber(ARGV[2])
-place(3, count, at, 1 / (count + 1))
+local count = tonumber(ARGV[3])
+place(4, count, at, 1 / (count + 1))
+keep(tonumber(ARGV[2]))  -- the items' keys too, where the output is all they hold
 return 1
 """
 
@@ -318,7 +319,7 @@ class ConversationObjects:
         output: list[wire.InputItem] = []
         if response:
             output = [output_as_input(item) for item in msgspec.json.decode(response, type=wire.Response).output]
-        await self._run(self._settle, conversation_id, [turn.response_id, len(output), *_pairs(output)])
+        await self._run(self._settle, conversation_id, [turn.response_id, self.ttl_ms, len(output), *_pairs(output)])
         return True
 
     async def settle_task(self, task_id: str) -> bool:

@@ -60,8 +60,8 @@ async def submit(services: Services, request: wire.ResponseRequest, *, kind: Kin
     spec = services.catalog.get(request.model)
     chain = await _conversation(services, request, spec, owner)
     items = conversations.context(chain, request.input) if chain else None
-    if history is not None:
-        items = [*await history.items(), *request.input]
+    if history is not None and (turns := await history.items()):  # an empty conversation adds nothing
+        items = [*turns, *request.input]
     rendered, cost = await admit(services, request, spec, kind, items)
     span = tracing.current()  # the request's (or the batch line's): the task's runs join its trace
     record = TaskRecord(

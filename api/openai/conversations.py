@@ -89,8 +89,13 @@ def new_items(raw: list[dict[str, Any]] | None, *, required: bool = False) -> li
     return with_ids(input_items(raw or [], "items"))
 
 
+def item(value: wire.InputItem) -> oa.InputItem:
+    """A conversation's item (it has its id) in OpenAI's shape."""
+    return item_object(value, value.id or "")
+
+
 def item_list(items: list[wire.InputItem], has_more: bool = False) -> oa.InputItemList:
-    data = [item_object(item, item.id or "") for item in items]
+    data = [item(value) for value in items]
     return oa.InputItemList(data=data, first_id=data[0].id if data else None,
                             last_id=data[-1].id if data else None, has_more=has_more)
 

@@ -137,8 +137,7 @@ class OpenAIConversationsController(Controller):
         oc.check_include(include)
         store = services.conversation_objects
         await store.settle(_checked(conversation_id))
-        item = await store.item(conversation_id, owner, item_id)
-        return _json(oc.item_list([item]).data[0])
+        return _json(oc.item(await store.item(conversation_id, owner, item_id)))
 
     @delete("/{conversation_id:str}/items/{item_id:str}", status_code=200,
             summary="Delete a conversation's item (OpenAI)", opt={"scope": credentials.RESPONSES_WRITE},

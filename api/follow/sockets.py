@@ -27,6 +27,7 @@ from api.follow import streams
 from api.follow.framing import KEEPALIVE, ResponseFrames
 from api.limits import StreamSlot
 from api.openai import objects as oa
+from api.openai.conversations import turn_of
 from api.openai.errors import with_param
 from api.openai.rendering import ResponseView
 from api.openai.translation import RESPONSES_PARAMS, responses_request
@@ -106,7 +107,9 @@ class _Session:
             if request.previous_response_id in self.cache:
                 request = self.cache.continued(request)
             record, _, slot = await streams.open(self.services, request, kind="direct", owner=self.owner,
-                                                 stream=True, expired=_EXPIRED)
+                                                 stream=True, expired=_EXPIRED,
+                                                 history=turn_of(self.services.conversation_objects, request,
+                                                                 self.owner))
         except LmspError as exc:
             return await self._send(envelope(with_param(exc, RESPONSES_PARAMS), stream_id_of(raw)))
         except RedisError:

@@ -1,12 +1,13 @@
 """OpenAI's Conversations API through the official ``openai`` package: conversations and their items
 (create, retrieve, update, delete, the SDK's cursors), responses that continue one (sync, streamed,
-background), and its errors; per principal and on both Redis deployments with plain HTTP.
+background, over a WebSocket), and its errors; per principal and on both Redis deployments with plain HTTP.
 
 Every object the client receives is validated again with the package's own pydantic models. The done-when
 check with a killed worker is in test_reclaim.py (its stack kills workers).
 """
 
 import asyncio
+import json
 from typing import Any
 
 import httpx
@@ -15,10 +16,11 @@ import pydantic
 import pytest
 from openai.types.conversations import Conversation, ConversationItem
 from openai.types.responses import Response
+from websockets.asyncio.client import connect
 
 from lmsp_core.store import keys
 from tests.backends import backend, client, eager_worker, make_token, redis, redis_settings, secure, served  # noqa: F401 (fixtures: both deployments)
-from tests.support import TokenFactory, bearer
+from tests.support import Api, TokenFactory, bearer
 
 MODEL = "tiny-random"
 ITEM: pydantic.TypeAdapter[Any] = pydantic.TypeAdapter(ConversationItem)
@@ -132,6 +134,21 @@ async def test_a_background_response_is_appended_once_final(sdk: openai.AsyncOpe
     after = await sdk.responses.create(model=MODEL, conversation=conversation.id, input="More", max_output_tokens=2,
                                        store=False)  # the conversation keeps the turn all the same
     assert len(await all_items(sdk, conversation.id)) == len(items) + 2 and after.status == "incomplete"
+
+
+async def test_a_websocket_response_continues_a_conversation(api: Api, sdk: openai.AsyncOpenAI) -> None:
+    conversation = await sdk.conversations.create(items=[{"role": "user", "content": "Hello"}])
+    url = api.url.replace("http://", "ws://", 1) + "/v1/responses"
+    async with connect(url, open_timeout=30) as ws:
+        await ws.send(json.dumps({"type": "response.create", "model": MODEL, "input": "Go on",
+                                  "conversation": conversation.id, "max_output_tokens": 3}))
+        events = [json.loads(await asyncio.wait_for(ws.recv(), 60))]
+        while events[-1]["type"] not in ("response.completed", "response.incomplete", "response.failed", "error"):
+            events.append(json.loads(await asyncio.wait_for(ws.recv(), 60)))
+    final = Response.model_validate(events[-1]["response"])
+    assert final.conversation is not None and final.conversation.id == conversation.id
+    assert texts(await all_items(sdk, conversation.id, order="asc")) == [
+        ("user", "Hello"), ("user", "Go on"), ("assistant", final.output_text)]
 
 
 async def test_conversation_errors(sdk: openai.AsyncOpenAI) -> None:

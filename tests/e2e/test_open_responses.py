@@ -10,7 +10,7 @@ import openai
 import pytest
 from openai.types.responses import InputTokenCountResponse
 
-from tests.support import RESPONSE_RESOURCE, collect
+from tests.support import RESPONSE_RESOURCE, collect, event_problems, resource_problems
 
 MODEL = "tiny-random"
 TOOL = {"type": "function", "name": "get_weather", "description": "The weather in a city.",
@@ -34,20 +34,21 @@ async def test_bodies_have_every_required_field(client: httpx.AsyncClient) -> No
     created = await client.post("/v1/responses", json={"model": MODEL, "input": "Hi", "max_output_tokens": 3})
     assert created.status_code == 200, created.text
     response = assert_resource(created.json())
-    assert response["top_logprobs"] == 0
+    assert response["top_logprobs"] == 0 and resource_problems(response) == []
     retrieved = await client.get(f"/v1/responses/{response['id']}")
     assert assert_resource(retrieved.json())["status"] == response["status"]
     queued = await client.post("/v1/responses", json={"model": MODEL, "input": "Hi", "max_output_tokens": 3,
                                                        "background": True})
-    assert assert_resource(queued.json())["status"] == "queued"
+    assert assert_resource(queued.json())["status"] == "queued" and resource_problems(queued.json()) == []
     cancelled = await client.post(f"/v1/responses/{queued.json()['id']}/cancel")
-    assert_resource(cancelled.json())
+    assert resource_problems(assert_resource(cancelled.json())) == []
 
 
 async def test_every_lifecycle_event_has_a_whole_response(client: httpx.AsyncClient) -> None:
     events = await collect(client, "POST", "/v1/responses", json={
         "model": MODEL, "input": "Hi", "max_output_tokens": 4, "stream": True, "top_logprobs": 2,
         "include": ["message.output_text.logprobs"], "presence_penalty": 0, "frequency_penalty": 0.0})
+    assert [problem for event in events for problem in event_problems(event.data)] == []
     lifecycle = [event for event in events if "response" in event.data]
     assert [event.event for event in lifecycle] == ["response.created", "response.in_progress",
                                                     "response.incomplete"]
@@ -57,6 +58,7 @@ async def test_every_lifecycle_event_has_a_whole_response(client: httpx.AsyncCli
     queued = (await client.post("/v1/responses", json={"model": MODEL, "input": "Hi", "max_output_tokens": 2,
                                                         "background": True})).json()
     replayed = await collect(client, "GET", f"/v1/responses/{queued['id']}", params={"stream": "true"})
+    assert [problem for event in replayed for problem in event_problems(event.data)] == []
     for event in replayed:
         if "response" in event.data:
             assert_resource(event.data["response"])

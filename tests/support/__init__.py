@@ -14,7 +14,7 @@
 - ``tools``: the tools and schemas of the constrained-output tests.
 - ``webhooks``: a webhook receiver in the test process.
 - ``batches``: OpenAI batches through the official client.
-- ``openresponses``: what Open Responses' schema requires of a response object.
+- ``openresponses``: what Open Responses' schemas require of a response object and stream events.
 
 Beside this package: ``tests/rediscluster.py`` (a local Redis Cluster), ``tests/replication.py`` and
 ``tests/failover.py`` (Sentinel), ``tests/faults.py`` (killing and restarting processes),
@@ -35,7 +35,7 @@ from tests.support.models import (
     tiny_model_dir,
     tiny_spec,
 )
-from tests.support.openresponses import RESPONSE_RESOURCE
+from tests.support.openresponses import RESPONSE_RESOURCE, event_problems, resource_problems
 from tests.support.problems import PROBLEM, assert_problem
 from tests.support.redisservers import RedisServer, SentinelServer, redis_binary
 from tests.support.requests import as_input, body, user_input
@@ -49,10 +49,10 @@ from tests.support.webhooks import Received, Receiver
 
 __all__ = [
     "CHAT", "CITIES", "OPENAI_ROUTES", "PARAMETERS", "PROBLEM", "REASONING_BUDGET", "REASONING_TEMPLATE",
-    "RESPONSE_RESOURCE", "ROOT", "SCHEMAS", "SECURE_CORS_ORIGIN", "TINY_LLAMA", "TOOLS", "Api", "Received",
-    "Receiver", "RedisServer", "SentinelServer", "Service", "SseEvent", "TokenFactory", "Worker", "as_input",
-    "assert_complete_log", "assert_problem", "assert_valid_calls", "batch_lines", "bearer", "body", "chat_line",
-    "collect", "final_status", "free_port", "hf_cache", "jsonl", "logged", "redis_binary", "render", "run_batch",
-    "run_lmsp", "running", "service_env", "sse_events", "task_of_response", "tasks_of", "tiny_model_dir", "tiny_spec",
-    "until_final", "user_input", "wait_for", "wait_port",
+    "RESPONSE_RESOURCE", "ROOT", "SCHEMAS", "SECURE_CORS_ORIGIN", "TINY_LLAMA", "TOOLS", "Api", "Received", "Receiver",
+    "RedisServer", "SentinelServer", "Service", "SseEvent", "TokenFactory", "Worker", "as_input", "assert_complete_log",
+    "assert_problem", "assert_valid_calls", "batch_lines", "bearer", "body", "chat_line", "collect", "event_problems",
+    "final_status", "free_port", "hf_cache", "jsonl", "logged", "redis_binary", "render", "resource_problems",
+    "run_batch", "run_lmsp", "running", "service_env", "sse_events", "task_of_response", "tasks_of", "tiny_model_dir",
+    "tiny_spec", "until_final", "user_input", "wait_for", "wait_port",
 ]

@@ -31,6 +31,10 @@ from lmsp_core.wire.errors import InvalidRequest
 ENDPOINTS = ("/v1/chat/completions", "/v1/responses")
 WINDOW = re.compile(r"^([1-9][0-9]{0,4})([smh])$")
 MAX_WINDOW = 24 * 3600.0
+# the windows window_seconds accepts, for the OpenAPI document: a whole number (no leading zero) of
+# seconds, minutes or hours, from 1 s to 24 h
+WINDOW_PATTERN = (r"^(([1-9][0-9]{0,3}|[1-7][0-9]{4}|8[0-5][0-9]{3}|86[0-3][0-9]{2}|86400)s"
+                  r"|([1-9][0-9]{0,2}|1[0-3][0-9]{2}|14[0-3][0-9]|1440)m|([1-9]|1[0-9]|2[0-4])h)$")
 _UNITS = {"s": 1, "m": 60, "h": 3600}
 
 

@@ -7,11 +7,19 @@ from typing import Any
 
 from api.http.openapi.eventstreams import JsonSchema, json_schema
 from api.http.strictbodies import StructDoc
+from api.openai import batches as ob
 from api.openai import compaction
 from api.openai import conversations as oc
 from api.openai import requests as rq
 from api.openai.compactionitem import CompactionItem
-from api.openai.translation import MAX_SAFETY_IDENTIFIER, MAX_USER, TEXT_TYPES
+from api.openai.translation import (
+    DEFAULT_TIERS,
+    INCLUDE_LOGPROBS,
+    MAX_SAFETY_IDENTIFIER,
+    MAX_USER,
+    TEXT_TYPES,
+    TIER_PRIORITIES,
+)
 from lmsp_core import wire
 from lmsp_core.wire import extensions as ext
 
@@ -70,21 +78,52 @@ CLIENT_OPTIONS: dict[str, JsonSchema] = {
     "user": _bounded(MAX_USER),
 }
 
-# accepted only with the value that asks for what the service does (no penalty)
-_ZERO: JsonSchema = {"anyOf": [{"type": "number", "const": 0}, NULL]}
-PENALTIES: dict[str, JsonSchema] = {"frequency_penalty": _ZERO, "presence_penalty": _ZERO}
+def _nullable(schema: JsonSchema) -> JsonSchema:
+    return {"anyOf": [schema, NULL]}
+
+
+# accepted only with the values that ask for what the service does, the translation's checks
+# (400 unsupported_value otherwise): no penalty, the service tiers that are queue priorities, ...
+PENALTIES: dict[str, JsonSchema] = {name: _nullable({"type": "number", "const": 0})
+                                    for name in ("frequency_penalty", "presence_penalty")}
+_OPTIONS: dict[str, JsonSchema] = {
+    "service_tier": _nullable({"enum": [*(tier for tier in DEFAULT_TIERS if tier), *TIER_PRIORITIES]}),
+    "top_logprobs": _nullable({"type": "integer", "minimum": 0, "maximum": ext.MAX_TOP_LOGPROBS}),
+    **PENALTIES,
+}
+RESPONSES_OPTIONS: dict[str, JsonSchema] = {
+    **_OPTIONS,
+    "truncation": _nullable({"const": "disabled"}),
+    "include": _nullable({"type": "array", "items": {"const": INCLUDE_LOGPROBS}}),
+    "max_tool_calls": NULL,
+}
+CHAT_OPTIONS: dict[str, JsonSchema] = {
+    **_OPTIONS,
+    "n": _nullable({"type": "integer", "const": 1}),
+    "store": _nullable({"type": "boolean", "const": False}),
+    "modalities": _nullable({"type": "array", "items": {"const": "text"}, "minItems": 1, "maxItems": 1}),
+}
+NO_OBFUSCATION: JsonSchema = {"include_obfuscation": _nullable({"type": "boolean", "const": False})}
+# a background response is stored, to be retrieved, resumed and cancelled
+BACKGROUND_STORED: JsonSchema = {
+    "if": {"required": ["background"], "properties": {"background": {"const": True}}},
+    "then": {"properties": {"store": {"not": {"const": False}}}}}
 INPUT: JsonSchema = {"anyOf": [{"type": "string"},
                                {"type": "array", "minItems": 1, "items": {"anyOf": INPUT_ITEMS}}]}
 
 ITEMS: JsonSchema = {"type": "array", "maxItems": oc.MAX_ITEMS, "items": {"anyOf": INPUT_ITEMS}}
 
 BODIES: dict[type, StructDoc] = {
-    rq.ResponsesRequest: StructDoc(fields={"input": INPUT, **CLIENT_OPTIONS, **PENALTIES}, rules=[
+    rq.ResponsesRequest: StructDoc(fields={"input": INPUT, **CLIENT_OPTIONS, **RESPONSES_OPTIONS}, rules=[
         # a conversation, or the previous response: not both (400 mutually_exclusive_parameters)
         {"not": {"required": ["previous_response_id", "conversation"],
-                 "properties": {"previous_response_id": {"type": "string"}, "conversation": {"not": NULL}}}}]),
+                 "properties": {"previous_response_id": {"type": "string"}, "conversation": {"not": NULL}}}},
+        BACKGROUND_STORED]),
+    rq.ResponsesStreamOptions: StructDoc(fields=NO_OBFUSCATION),
+    rq.ChatStreamOptions: StructDoc(fields=NO_OBFUSCATION),
     # input, or instructions alone
-    rq.InputTokensRequest: StructDoc(fields={"input": {"anyOf": [*INPUT["anyOf"], NULL]}}, rules=[
+    rq.InputTokensRequest: StructDoc(fields={"input": {"anyOf": [*INPUT["anyOf"], NULL]},
+                                             "truncation": RESPONSES_OPTIONS["truncation"]}, rules=[
         {"anyOf": [{"required": ["input"], "properties": {"input": {"not": NULL}}},
                    {"required": ["instructions"], "properties": {"instructions": {"type": "string"}}}]}]),
     # input, or the stored turns of previous_response_id, or both
@@ -94,12 +133,14 @@ BODIES: dict[type, StructDoc] = {
                     "properties": {"previous_response_id": {"type": "string"}}}]}]),
     rq.ChatRequest: StructDoc(fields={
         "messages": {"type": "array", "minItems": 1, "items": CHAT_MESSAGE},
-        **CLIENT_OPTIONS, **PENALTIES,
+        **CLIENT_OPTIONS, **CHAT_OPTIONS,
     }, rules=[
         {"not": {"required": ["max_tokens", "max_completion_tokens"],
                  "properties": {"max_tokens": {"type": "integer"}, "max_completion_tokens": {"type": "integer"}}}},
         {"if": {"required": ["stream_options"], "properties": {"stream_options": {"type": "object"}}},
          "then": {"required": ["stream"], "properties": {"stream": {"const": True}}}},
+        {"if": {"required": ["top_logprobs"], "properties": {"top_logprobs": {"type": "integer"}}},
+         "then": {"required": ["logprobs"], "properties": {"logprobs": {"const": True}}}},
     ]),
     # items as a response's input items, at most 20 at once
     oc.ConversationCreate: StructDoc(fields={"items": {"anyOf": [ITEMS, NULL]},
@@ -113,4 +154,10 @@ BODIES: dict[type, StructDoc] = {
     rq.ChatNamedFunction: StructDoc(fields={"name": TOOL_NAME}),
     rq.JsonSchemaFormat: StructDoc(fields={"name": FORMAT_NAME}),
     rq.ChatJsonSchema: StructDoc(fields={"name": FORMAT_NAME}),
+    ob.BatchCreate: StructDoc(fields={
+        "endpoint": {"enum": list(ob.ENDPOINTS)},
+        "completion_window": {"type": "string", "pattern": ob.WINDOW_PATTERN,
+                              "description": "`24h` or shorter, in one unit: `1h`, `30m`, `90s`"},
+        "metadata": CLIENT_OPTIONS["metadata"],
+    }),
 }

@@ -22,6 +22,7 @@ from lmsp_core import tracing
 from lmsp_core.store.objects.batches import BatchRecord, BatchStore
 from lmsp_core.store.tenants import credentials
 from lmsp_core.store.tenants.credentials import Identity
+from lmsp_core.wire import extensions as ext
 from lmsp_core.wire import ids
 from lmsp_core.wire.errors import InvalidRequest, NotFound
 
@@ -112,6 +113,7 @@ async def _owned(services: Services, batch_id: str, owner: str) -> BatchRecord:
 def _check_metadata(metadata: dict[str, str] | None) -> None:
     if metadata is None:
         return
-    if len(metadata) > 16 or any(len(key) > 64 or len(value) > 512 for key, value in metadata.items()):
+    if len(metadata) > ext.MAX_METADATA_PAIRS or any(
+            len(key) > ext.MAX_METADATA_KEY or len(value) > ext.MAX_METADATA_VALUE for key, value in metadata.items()):
         raise InvalidRequest("metadata takes at most 16 pairs, keys of at most 64 characters and values of at "
                              "most 512.", code="invalid_request", extra={"param": "metadata"})

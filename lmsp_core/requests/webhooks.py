@@ -11,6 +11,28 @@ from lmsp_core.wire.errors import InvalidRequest
 from lmsp_core.wire.webhooks import EVENT_TYPES, MAX_URL_LENGTH
 
 
+def _ipv6() -> str:
+    """An IPv6 address as RFC 3986 spells it (its ``IPv6address`` rule), which ``urlsplit`` accepts
+    between brackets."""
+    h16 = "[0-9A-Fa-f]{1,4}"
+    octet = "(25[0-5]|2[0-4][0-9]|1[0-9]{2}|[1-9]?[0-9])"
+    ls32 = rf"({h16}:{h16}|{octet}(\.{octet}){{3}})"
+    # after "::", what may follow when up to 1, 2, ... 7 groups come before it
+    after = [f"({h16}:){{4}}{ls32}", f"({h16}:){{3}}{ls32}", f"({h16}:){{2}}{ls32}", f"{h16}:{ls32}", ls32, h16, ""]
+    forms = [f"({h16}:){{6}}{ls32}", f"::({h16}:){{5}}{ls32}",
+             *(f"(({h16}:){{0,{most}}}{h16})?::{tail}" for most, tail in enumerate(after))]
+    return "|".join(f"({form})" for form in forms)
+
+
+_PORT = "0*(6553[0-5]|655[0-2][0-9]|65[0-4][0-9]{2}|6[0-4][0-9]{3}|[1-5][0-9]{4}|[1-9][0-9]{0,3})"
+# the URLs check_url accepts, for the OpenAPI document (and checked last, so that the two agree): an
+# http(s) URL of visible ASCII characters (RFC 3986; a client percent-encodes others), a DNS name or
+# an IP address, a port from 1, no credentials, no fragment
+URL_PATTERN = (rf"^[Hh][Tt][Tt][Pp][Ss]?://([A-Za-z0-9._-]+|\[({_ipv6()})\])(:({_PORT})?)?"
+               r"""([/?][!"$-~]*)?$""")
+_URL = re.compile(URL_PATTERN)
+
+
 def check_url(url: str) -> str:
     """``url`` if it is an absolute http(s) URL this service can send to (its address is checked
     when it is resolved, by the API); ``400 invalid_webhook_url`` otherwise."""
@@ -34,6 +56,8 @@ def check_url(url: str) -> str:
         raise refuse("has a fragment, which is never sent")
     if port == 0:
         raise refuse("names port 0")
+    if not _URL.fullmatch(url):
+        raise refuse("is not an http(s) URL of visible ASCII characters (RFC 3986; percent-encode others)")
     return url
 
 

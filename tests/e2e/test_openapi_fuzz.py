@@ -49,7 +49,7 @@ SEMANTIC_REFUSALS = {
     "unsupported_parameter", "unsupported_value",
     # a webhook URL whose host does not resolve, or resolves to an address the service does not send
     # to (DNS says it, not the URL's form), and a principal's endpoints beyond their number
-    "invalid_webhook_url", "webhook_url_not_allowed", "too_many_webhooks",
+    "webhook_url_unresolved", "webhook_url_not_allowed", "too_many_webhooks",
     # what an uploaded file holds (JSONL, so many lines): its schema is a string of bytes
     "invalid_file_format", "too_many_lines",
 }

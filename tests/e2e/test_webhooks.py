@@ -236,9 +236,12 @@ async def refusals(client: httpx.AsyncClient, receiver: Receiver) -> None:
                 "http://10.1.2.3/x", "https://[::ffff:192.168.0.1]/x"):
         refused = await client.post("/lmsp/v1/webhooks", json={"url": url, "events": ["task.completed"]})
         assert_problem(refused, 400, "webhook_url_not_allowed")
-    for url in ("ftp://receiver.example/x", "not a url", "https://receiver.invalid/x"):
+    for url in ("ftp://receiver.example/x", "not a url", "https://receiver.example/caf\u00e9"):
         refused = await client.post("/lmsp/v1/webhooks", json={"url": url, "events": ["task.completed"]})
         assert_problem(refused, 400, "invalid_webhook_url")
+    refused = await client.post("/lmsp/v1/webhooks", json={"url": "https://receiver.invalid/x",
+                                                           "events": ["task.completed"]})
+    assert_problem(refused, 400, "webhook_url_unresolved")
     refused = await client.post("/lmsp/v1/webhooks", json={"url": "https://8.8.8.8/x", "events": ["task.done"]})
     assert_problem(refused, 400, "unknown_event_type")
     assert_problem(await client.post("/lmsp/v1/webhooks", json={"url": "https://8.8.8.8/x", "events": []}), 400,

@@ -106,12 +106,13 @@ async def test_a_target_is_resolved_and_checked() -> None:
     assert public.address == ipaddress.ip_address("8.8.8.8")
     with pytest.raises(targets.TargetUnresolved) as unresolved:
         await targets.resolve("https://receiver.invalid/hook", allow_private=False)
-    assert unresolved.value.code == "invalid_webhook_url"
+    assert unresolved.value.code == "webhook_url_unresolved"
 
 
 @pytest.mark.parametrize("url", ["ftp://example.org/x", "example.org/x", "http:///x", "http://user:pw@example.org/",
                                  "http://example.org/#frag", "http://exa mple.org/", "http://example.org:0/",
-                                 "http://example.org:99999/", "https://bücher.example/", "http://" + "a" * 2050])
+                                 "http://example.org:99999/", "https://bücher.example/",
+                                 "https://example.org/caf\u00e9", "http://" + "a" * 2050])
 def test_malformed_urls_are_refused(url: str) -> None:
     with pytest.raises(InvalidRequest) as refused:
         checks.check_url(url)

@@ -30,10 +30,10 @@ class TargetRefused(InvalidRequest):
 
 
 class TargetUnresolved(InvalidRequest):
-    """The URL's host has no address (now)."""
+    """The URL's host has no address (now): what DNS says, not the URL's form (invalid_webhook_url)."""
 
     def __init__(self, detail: str) -> None:
-        super().__init__(detail, code="invalid_webhook_url")
+        super().__init__(detail, code="webhook_url_unresolved")
 
 
 @dataclass(frozen=True)

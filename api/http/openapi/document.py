@@ -17,6 +17,7 @@ from litestar.openapi.spec import Example, Tag
 from api.http.openapi import eventstreams as streamdoc
 from api.http.strictbodies import StructDoc
 from lmsp_core import wire
+from lmsp_core.requests import webhooks as webhook_checks
 from lmsp_core.store.tasks.records import ListCursor
 from lmsp_core.wire import extensions, webhooks
 from lmsp_core.wire.errors import PROBLEM_MEDIA_TYPE, problem
@@ -148,6 +149,7 @@ _PROBLEMS: dict[str, tuple[int, str, str]] = {
     "webhook_not_found": (404, "Not found", "Webhook endpoint 'wh_01J8M6Q4W2T7N5R3V9X1Z8B0DF' does not exist."),
     "invalid_webhook_url": (400, "Invalid request", "The webhook URL 'ftp://receiver.example/' is not an http or "
                                                     "https URL."),
+    "webhook_url_unresolved": (400, "Invalid request", "The webhook URL's host 'receiver.example' does not resolve."),
     "webhook_url_not_allowed": (400, "Invalid request", "The webhook URL's host resolves to a private address, "
                                                         "which this service does not send to."),
     "unknown_event_type": (400, "Invalid request", "Unknown event type 'response.done'; the types are "
@@ -158,7 +160,10 @@ _PROBLEMS: dict[str, tuple[int, str, str]] = {
 # what the LMSP request body's types alone do not say (api.http.strictbodies)
 BODIES: dict[type, StructDoc] = {
     wire.ResponseRequest: StructDoc(fields={"extensions": {"anyOf": [extensions.json_schema(), {"type": "null"}]}}),
-    webhooks.WebhookCreate: StructDoc(fields={"events": {
+    webhooks.WebhookCreate: StructDoc(fields={"url": {
+        "type": "string", "maxLength": webhooks.MAX_URL_LENGTH, "pattern": webhook_checks.URL_PATTERN,
+        "description": "an http(s) URL of visible ASCII characters, without credentials or a fragment; its host "
+                       "must resolve to global addresses"}, "events": {
         "type": "array", "items": {"enum": list(webhooks.EVENT_TYPES)}, "minItems": 1,
         "maxItems": len(webhooks.EVENT_TYPES), "description": "the event types to send (a repeat counts once)"}}),
 }

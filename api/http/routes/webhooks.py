@@ -57,13 +57,15 @@ class WebhooksController(Controller):
     @post(status_code=201, summary="Create a webhook endpoint", opt=_SCOPE,
           description="Events of the caller's tasks, background responses and batches are POSTed to `url`, signed "
                       "per Standard Webhooks with the endpoint's `secret`, which this answer alone carries. The "
-                      "URL's host must resolve to a global address (`400 webhook_url_not_allowed` otherwise, "
-                      "unless the service allows private targets). `events`: the types to send, of "
+                      "URL's host must resolve (`400 webhook_url_unresolved` otherwise) to global addresses (`400 "
+                      "webhook_url_not_allowed` otherwise, unless the service allows private targets). `events`: "
+                      "the types to send, of "
                       + ", ".join(f"`{name}`" for name in wire.EVENT_TYPES) + ".",
           responses={201: doc.ok(wire.WebhookEndpointWithSecret, "The endpoint, with its signing secret (shown once)",
                                  doc.example("Created", _CREATED)),
-                     **doc.problems("invalid_request", "invalid_webhook_url", "webhook_url_not_allowed",
-                                    "unknown_event_type", "too_many_webhooks", "service_unavailable", *doc.GUARDED)})
+                     **doc.problems("invalid_request", "invalid_webhook_url", "webhook_url_unresolved",
+                                    "webhook_url_not_allowed", "unknown_event_type", "too_many_webhooks",
+                                    "service_unavailable", *doc.GUARDED)})
     async def create_webhook(
         self, data: Annotated[wire.WebhookCreate, Body(examples=[doc.example("Responses' ends", _CREATE)])],
         services: Services, owner: str,

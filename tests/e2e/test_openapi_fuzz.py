@@ -27,30 +27,33 @@ from api.http.openapi import document as doc
 from lmsp_core.settings import Settings
 from tests.support import Api, RedisServer, Worker, tiny_spec
 
-# Refusals that follow from what a request means, which no JSON Schema of the request can say;
-# each is a 4xx with its own stable code (docs/protocol.md), and schemathesis' "schema-valid request
-# rejected" is not a failure for them:
+# Refusals that no JSON Schema of the request can say, because they depend on something other than
+# the request (stored state, the model, DNS) or on relations JSON Schema has no words for; each is a
+# 4xx with its own stable code (docs/protocol.md), and schemathesis' "schema-valid request rejected"
+# is not a failure for them. Everything else the server refuses, the document says (enums, patterns,
+# bounds, if/then rules), and the fuzzer holds it to that:
 SEMANTIC_REFUSALS = {
-    # an Idempotency-Key used before with another body (the fuzzer repeats keys across bodies)
+    # an Idempotency-Key used before with another body: the state of an earlier request (the fuzzer
+    # repeats keys across bodies)
     "idempotency_key_reused",
-    # what the model the request names allows (GET /lmsp/v1/models tells it, not the request's schema)
-    "max_output_tokens_too_large", "context_length_exceeded", "unsupported_capability",
-    # relations between parts of a request: a tool_choice among the tools' names, unique tool names,
-    # a function call's output after that call
+    # what the model the request names allows (GET /lmsp/v1/models tells it, not the request's
+    # schema): its output and context limits, its capabilities, text-only input (the content types
+    # that LMSP 1.0 reserves, input_image, input_audio, input_file, are a model's to take)
+    "max_output_tokens_too_large", "context_length_exceeded", "unsupported_capability", "unsupported_content_type",
+    # relations between values of a request: a tool_choice among the tools' names, unique tool names
+    # (uniqueItems compares whole tools), a function call's output after that call
     "unknown_tool", "invalid_tool_choice", "duplicate_tool_name", "unmatched_call_id",
     # a schema inside the request that the grammar engine cannot compile
     "invalid_tool_schema", "invalid_json_schema",
-    # the content types LMSP 1.0 reserves for later versions (input_image, input_audio, input_file)
-    "unsupported_content_type",
     # the state of the conversation that previous_response_id continues
     "conversation_too_long", "previous_response_in_progress",
-    # /v1: OpenAI's parameters and values this service does not honour, refused by name rather than
-    # ignored (docs/protocol.md, "OpenAI compatibility")
-    "unsupported_parameter", "unsupported_value",
-    # a webhook URL whose host does not resolve, or resolves to an address the service does not send
-    # to (DNS says it, not the URL's form), and a principal's endpoints beyond their number
+    # a webhook URL whose host does not resolve (the document's example is one: a reserved name,
+    # RFC 2606, that sends nobody's events anywhere), or resolves to an address the service does not
+    # send to: DNS says it, not the URL, whose form the document gives as a pattern; and a principal's
+    # endpoints beyond their number (state)
     "webhook_url_unresolved", "webhook_url_not_allowed", "too_many_webhooks",
-    # what an uploaded file holds (JSONL, so many lines): its schema is a string of bytes
+    # what an uploaded file holds: JSONL is not a regular language, so no pattern of the file's bytes
+    # says it (contentMediaType is an annotation, not a check), nor does one count its lines
     "invalid_file_format", "too_many_lines",
 }
 SEED = 20261130  # the same cases every run

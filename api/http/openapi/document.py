@@ -125,6 +125,29 @@ _PROBLEMS: dict[str, tuple[int, str, str]] = {
     "invalid_cursor": (400, "Invalid request", "Event cursor 'abc' is not a non-negative integer."),
     "context_length_exceeded": (400, "Context length exceeded",
                                 "The prompt (9000 tokens) does not fit the context window of 8192 tokens."),
+    "unsupported_capability": (400, "Unsupported capability", f"Model {MODEL!r} does not support tools."),
+    "unsupported_content_type": (400, "Invalid request", "Content of type 'input_image' is not supported: model "
+                                                         f"{MODEL!r} takes text only."),
+    "max_output_tokens_too_large": (400, "Invalid request", f"max_output_tokens is 9000; model {MODEL!r} allows at "
+                                                            "most 4096."),
+    "max_output_tokens_too_small": (400, "Invalid request", "max_output_tokens is 4; the shortest complete output of "
+                                                            "this request (its tool call) takes 9 tokens with model "
+                                                            f"{MODEL!r}."),
+    "too_many_input_items": (400, "Limit exceeded", "input has 2000 items; at most 1000 are allowed."),
+    "too_many_tools": (400, "Limit exceeded", "The request has 200 tools; at most 128 are allowed."),
+    "input_too_long": (400, "Limit exceeded", "The input has 2000000 characters of text; at most 1000000 are "
+                                              "allowed."),
+    "unknown_tool": (400, "Invalid request", "tool_choice names 'get_time', which is not among the tools."),
+    "invalid_tool_choice": (400, "Invalid request", "tool_choice 'required' needs at least one tool."),
+    "duplicate_tool_name": (400, "Invalid request", "Two tools are named 'get_weather'."),
+    "unmatched_call_id": (400, "Invalid request", "The function_call_output's call_id 'call_1' matches no earlier "
+                                                  "function_call."),
+    "invalid_tool_schema": (400, "Invalid request", "The parameters of tool 'get_weather' are not a JSON Schema the "
+                                                    "grammar engine can enforce."),
+    "invalid_json_schema": (400, "Invalid request", "The response format's schema cannot be enforced."),
+    "invalid_idempotency_key": (400, "Invalid request", "Idempotency-Key must be 1-255 visible ASCII characters."),
+    "previous_response_in_progress": (400, "Invalid request", f"Response {RESPONSE_ID!r} is not final."),
+    "conversation_too_long": (400, "Invalid request", "The conversation has more than 1000 stored turns."),
     "model_not_found": (404, "Not found", "Model 'no-such-model' does not exist."),
     "task_not_found": (404, "Not found", f"Task {TASK_ID!r} does not exist."),
     "response_not_found": (404, "Not found", "Response 'resp_01J8M6Q4W2T7N5R3V9X1Z8B0DF' does not exist (or was "
@@ -170,6 +193,14 @@ BODIES: dict[type, StructDoc] = {
 
 # what every route with a scope may answer: no or a bad token, a token without the scope, the rate limit
 GUARDED = ("unauthorized", "insufficient_scope", "rate_limited")
+# what a request to generate may be refused for (the response it continues: response_not_found)
+SUBMISSION = ("invalid_request", "invalid_extension", "invalid_idempotency_key", "unsupported_capability",
+              "unsupported_content_type", "context_length_exceeded", "max_output_tokens_too_large",
+              "max_output_tokens_too_small", "too_many_input_items", "too_many_tools", "input_too_long",
+              "unknown_tool", "invalid_tool_choice", "duplicate_tool_name", "unmatched_call_id", "invalid_tool_schema",
+              "invalid_json_schema", "previous_response_in_progress", "conversation_too_long", "model_not_found",
+              "response_not_found", "idempotency_key_reused", "service_unavailable", "model_unavailable",
+              "server_busy", "queue_quota_exceeded")
 
 _STATUS_TEXT = {400: "Bad request", 401: "Unauthorized", 403: "Forbidden", 404: "Not found", 410: "Gone",
                 422: "Unprocessable content", 429: "Too many requests", 500: "Generation failed",

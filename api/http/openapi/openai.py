@@ -127,6 +127,26 @@ _ERRORS: dict[str, tuple[int, str, str | None]] = {
     "unsupported_value": (400, "One choice is returned (n: 1).", "n"),
     "context_length_exceeded": (400, "The prompt has 9000 tokens; the context window of model "
                                      f"{doc.MODEL!r} is 8192 tokens.", "input"),
+    "invalid_value": (400, "top_logprobs must be from 0 to 20.", "top_logprobs"),
+    "invalid_idempotency_key": (400, "Idempotency-Key must be 1-255 visible ASCII characters.", None),
+    "unsupported_capability": (400, f"Model {doc.MODEL!r} does not support tools.", "tools"),
+    "max_output_tokens_too_large": (400, f"max_output_tokens is 9000; model {doc.MODEL!r} allows at most 4096.",
+                                    "max_output_tokens"),
+    "max_output_tokens_too_small": (400, "max_output_tokens is 4; the shortest complete output of this request (its "
+                                         f"tool call) takes 9 tokens with model {doc.MODEL!r}.", "max_output_tokens"),
+    "too_many_input_items": (400, "input has 2000 items; at most 1000 are allowed.", "input"),
+    "too_many_tools": (400, "The request has 200 tools; at most 128 are allowed.", "tools"),
+    "input_too_long": (400, "The input has 2000000 characters of text; at most 1000000 are allowed.", "input"),
+    "unknown_tool": (400, "tool_choice names 'get_time', which is not among the tools.", "tool_choice"),
+    "invalid_tool_choice": (400, "tool_choice 'required' needs at least one tool.", "tool_choice"),
+    "duplicate_tool_name": (400, "Two tools are named 'get_weather'.", "tools"),
+    "unmatched_call_id": (400, "The function_call_output's call_id 'call_1' matches no earlier function_call.",
+                          "input"),
+    "invalid_tool_schema": (400, "The parameters of tool 'get_weather' are not a JSON Schema the grammar engine can "
+                                 "enforce.", "tools"),
+    "invalid_json_schema": (400, "The response format's schema cannot be enforced.", "text.format"),
+    "previous_response_in_progress": (400, f"Response {doc.RESPONSE_ID!r} is not final.", "previous_response_id"),
+    "conversation_too_long": (400, "The conversation has more than 1000 stored turns.", "previous_response_id"),
     "invalid_file_format": (400, "Line 3 of the file is not a JSON object.", "file"),
     "too_many_lines": (400, "The file has more than 50000 requests (non-blank lines); split it into several "
                               "batches.", "file"),
@@ -161,10 +181,17 @@ _ERRORS: dict[str, tuple[int, str, str | None]] = {
     "server_busy": (503, f"The queue of model {doc.MODEL!r} is full (1000 tasks); retry later.", None),
 }
 COMMON_ERRORS = ("invalid_request", "unauthorized", "insufficient_scope", "rate_limited", "service_unavailable")
-GENERATION_ERRORS = (*COMMON_ERRORS, "unsupported_parameter", "unsupported_value", "object_above_max_properties",
-                     "string_above_max_length", "context_length_exceeded",
-                     "model_not_found", "event_history_expired", "idempotency_key_reused", "too_many_streams",
-                     "generation_failed", "model_unavailable", "server_busy", "queue_quota_exceeded")
+# what the translation and the checks against the model refuse (both routes, and a count of tokens)
+REQUEST_ERRORS = ("unsupported_parameter", "unsupported_value", "invalid_value", "object_above_max_properties",
+                  "string_above_max_length", "unsupported_capability", "unsupported_content_type",
+                  "max_output_tokens_too_large", "max_output_tokens_too_small", "too_many_input_items",
+                  "too_many_tools", "input_too_long", "unknown_tool", "invalid_tool_choice", "duplicate_tool_name",
+                  "unmatched_call_id", "invalid_tool_schema", "invalid_json_schema", "model_not_found")
+# the stored response that previous_response_id continues
+CONTINUATION_ERRORS = ("response_not_found", "previous_response_in_progress", "conversation_too_long")
+GENERATION_ERRORS = (*COMMON_ERRORS, *REQUEST_ERRORS, "context_length_exceeded", "invalid_idempotency_key",
+                     "event_history_expired", "idempotency_key_reused", "too_many_streams", "generation_failed",
+                     "model_unavailable", "server_busy", "queue_quota_exceeded")
 
 
 def errors(*codes: str) -> dict[int, ResponseSpec]:

@@ -49,7 +49,8 @@ class OpenAIBatchesController(Controller):
                       "`output_file_id` and `error_file_id` with `GET /v1/files/{id}/content`. `completion_window` "
                       "is `24h` or shorter (`1h`, `30m`, `90s`).",
           responses={200: docs.ok(ob.Batch, "The batch", docs.BATCH),
-                     **docs.errors(*docs.COMMON_ERRORS, "unsupported_value", "file_not_found")})
+                     **docs.errors(*docs.COMMON_ERRORS, "unsupported_parameter", "unsupported_value",
+                                   "file_not_found")})
     async def create_batch(self, data: Annotated[ob.BatchCreate, Body(examples=docs.BATCH_REQUESTS)],
                            services: Services, identity: Identity) -> Response[Any]:
         if data.endpoint not in ob.ENDPOINTS:

@@ -62,7 +62,7 @@ class OpenAIResponsesController(Controller):
                       "Unsupported parameters are refused with `400` naming them; see docs/protocol.md, \"OpenAI "
                       "compatibility\".",
           responses={200: docs.ok(ResponseObject, "The response (with `background`: as queued)", docs.RESPONSE),
-                     **docs.errors(*docs.GENERATION_ERRORS, "response_not_found", "conversation_not_found",
+                     **docs.errors(*docs.GENERATION_ERRORS, *docs.CONTINUATION_ERRORS, "conversation_not_found",
                                    "conversation_locked", "mutually_exclusive_parameters")})
     async def create_response(
         self, request: Request[Any, Any, Any],
@@ -103,8 +103,8 @@ class OpenAIResponsesController(Controller):
                       "the request is checked as a response's is, but a prompt longer than the context window is "
                       "counted, not refused. `model` is required.",
           responses={200: docs.ok(InputTokens, "The prompt's tokens", docs.INPUT_TOKENS),
-                     **docs.errors(*docs.COMMON_ERRORS, "unsupported_parameter", "unsupported_value",
-                                   "model_not_found", "response_not_found", "model_unavailable")})
+                     **docs.errors(*docs.COMMON_ERRORS, *docs.REQUEST_ERRORS, *docs.CONTINUATION_ERRORS,
+                                   "model_unavailable")})
     async def count_input_tokens(
         self, data: Annotated[rq.InputTokensRequest, Body(examples=docs.INPUT_TOKENS_REQUESTS)], services: Services,
         owner: str,

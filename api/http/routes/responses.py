@@ -49,9 +49,7 @@ class ResponsesController(Controller):
                                             "(6.3), the events shown for `GET /lmsp/v1/tasks/{task_id}/events` "
                                             "without the queue position.",
                                 examples=[doc.example("Completed", doc.RESPONSE)]),
-              **doc.problems("invalid_request", "invalid_extension", "context_length_exceeded", "model_not_found",
-                             "generation_failed", "service_unavailable", "model_unavailable", "server_busy",
-                             "queue_quota_exceeded", "idempotency_key_reused", "too_many_streams", *doc.GUARDED),
+              **doc.problems(*doc.SUBMISSION, "generation_failed", "too_many_streams", *doc.GUARDED),
           })
     async def create_response(self, request: Request[Any, Any, Any],
                               data: Annotated[wire.ResponseRequest, Body(examples=doc.REQUEST_EXAMPLES)],

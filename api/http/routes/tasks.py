@@ -49,9 +49,7 @@ class TasksController(Controller):
                       "`/lmsp/v1/tasks/{id}/events`. A repeat with the same `Idempotency-Key` and body returns the "
                       "same task.",
           response_headers=[doc.IGNORED_EXTENSIONS],
-          responses={202: _QUEUED, **doc.problems("invalid_request", "invalid_extension", "context_length_exceeded",
-                                                  "model_not_found", "service_unavailable", "server_busy",
-                                                  "queue_quota_exceeded", "idempotency_key_reused", *doc.GUARDED)})
+          responses={202: _QUEUED, **doc.problems(*doc.SUBMISSION, *doc.GUARDED)})
     async def create_task(
         self, data: Annotated[wire.ResponseRequest, Body(examples=doc.REQUEST_EXAMPLES)], services: Services,
         owner: str, idempotency_key: IdempotencyKey = None,

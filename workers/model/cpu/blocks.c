@@ -53,7 +53,9 @@
 enum { T_F32 = 0, T_F16 = 1, T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q5_1 = 7, T_Q8_0 = 8, T_Q4_K = 12, T_Q5_K = 13, T_Q6_K = 14,
        T_BF16 = 30,
        /* not GGML's: Q4_K and Q6_K super-blocks of eight rows interleaved (blocks_interleave), the products' layout */
-       T_Q4_K_X8 = 1012, T_Q6_K_X8 = 1014 };
+       T_Q4_K_X8 = 1012, T_Q6_K_X8 = 1014,
+       /* not GGML's either: F16 and BF16 rows as the file holds them, a product taking four at a time */
+       T_F16_X4 = 1001, T_BF16_X4 = 1030 };
 /* the inputs' form for each: quantised per 32 (Q8_0: scale; Q8_1: scale and scale * sum), per 256
    (Q8_K), or float32 */
 enum { A_Q8_0 = 0, A_Q8_1 = 1, A_Q8_K = 2, A_F32 = 3, A_KINDS = 4 };
@@ -164,7 +166,7 @@ typedef struct {
     int64_t block;     /* weights per block */
     int64_t bytes;     /* bytes per block (of all its rows) */
     int activation;    /* the inputs' form */
-    int64_t rows;      /* weight rows a block spans: 1, or 8 interleaved */
+    int64_t rows;      /* weight rows a block spans: 1, 4 side by side, or 8 interleaved */
 } type_info;
 
 static int type_of(int64_t type, type_info *info) {
@@ -172,6 +174,8 @@ static int type_of(int64_t type, type_info *info) {
     case T_F32: *info = (type_info){1, 4, A_F32, 1}; return 0;
     case T_F16: *info = (type_info){1, 2, A_F32, 1}; return 0;
     case T_BF16: *info = (type_info){1, 2, A_F32, 1}; return 0;
+    case T_F16_X4: *info = (type_info){1, 8, A_F32, 4}; return 0;
+    case T_BF16_X4: *info = (type_info){1, 8, A_F32, 4}; return 0;
     case T_Q4_0: *info = (type_info){QK, sizeof(block_q4_0), A_Q8_0, 1}; return 0;
     case T_Q4_1: *info = (type_info){QK, sizeof(block_q4_1), A_Q8_1, 1}; return 0;
     case T_Q5_0: *info = (type_info){QK, sizeof(block_q5_0), A_Q8_0, 1}; return 0;
@@ -491,6 +495,16 @@ static void plain_q6_K(const void *w, const void *const *x, int nx, int64_t nb, 
 DEFINE_PLAIN_FLOAT(plain_f32, float, LOAD_F32)
 DEFINE_PLAIN_FLOAT(plain_f16, uint16_t, f16_to_f32)
 DEFINE_PLAIN_FLOAT(plain_bf16, uint16_t, bf16_to_f32)
+/* Four consecutive rows (out[4 r + o]) */
+#define DEFINE_PLAIN_FOUR(NAME, ONE, T)                                                               \
+    static void NAME(const void *w, const void *const *x, int nx, int64_t k, float *out) {           \
+        float sums[4][ROWS_AT_ONCE];                                                                  \
+        for (int o = 0; o < 4; o++) ONE((const T *)w + o * k, x, nx, k, sums[o]);                     \
+        for (int r = 0; r < nx; r++)                                                                  \
+            for (int o = 0; o < 4; o++) out[4 * r + o] = sums[o][r];                                  \
+    }
+DEFINE_PLAIN_FOUR(plain_f16_x4, plain_f16, uint16_t)
+DEFINE_PLAIN_FOUR(plain_bf16_x4, plain_bf16, uint16_t)
 
 /* --- AVX2 products ------------------------------------------------------------------------------------ */
 
@@ -882,6 +896,37 @@ DEFINE_AVX2_FLOAT(avx2_f32, float, load8_f32, LOAD_F32)
 DEFINE_AVX2_FLOAT(avx2_f16, uint16_t, load8_f16, f16_to_f32)
 DEFINE_AVX2_FLOAT(avx2_bf16, uint16_t, load8_bf16, bf16_to_f32)
 
+/* Four consecutive rows against the input rows two at a time: an input load serves four rows and memory
+   is read in four streams at once; one row at a time ran below llama.cpp's rate from memory
+   (docs/performance.md, "GGUF weights in their own blocks") */
+#define DEFINE_AVX2_FOUR(NAME, T, LOAD8, LOAD1)                                                         \
+    INLINE void NAME##_pass(const T *w, const void *const *x, int nx, int64_t k, float *out) {         \
+        __m256 acc[2][4];                                                                               \
+        for (int r = 0; r < nx; r++)                                                                    \
+            for (int o = 0; o < 4; o++) acc[r][o] = _mm256_setzero_ps();                                \
+        int64_t j = 0;                                                                                  \
+        for (; j + 8 <= k; j += 8) {                                                                    \
+            const __m256 v[4] = {LOAD8(w + j), LOAD8(w + k + j), LOAD8(w + 2 * k + j), LOAD8(w + 3 * k + j)}; \
+            for (int r = 0; r < nx; r++) {                                                              \
+                const __m256 in = _mm256_loadu_ps((const float *)x[r] + j);                             \
+                for (int o = 0; o < 4; o++) acc[r][o] = _mm256_fmadd_ps(v[o], in, acc[r][o]);           \
+            }                                                                                           \
+        }                                                                                               \
+        for (int r = 0; r < nx; r++)                                                                    \
+            for (int o = 0; o < 4; o++) {                                                               \
+                float sum = hsum8(acc[r][o]);                                                           \
+                for (int64_t t = j; t < k; t++) sum += LOAD1(w[o * k + t]) * ((const float *)x[r])[t];  \
+                out[4 * r + o] = sum;                                                                   \
+            }                                                                                           \
+    }                                                                                                   \
+    static void NAME(const void *w, const void *const *x, int nx, int64_t k, float *out) {              \
+        for (; nx > 2; nx -= 2, x += 2, out += 8) NAME##_pass(w, x, 2, k, out);                         \
+        if (nx == 2) NAME##_pass(w, x, 2, k, out);                                                      \
+        else NAME##_pass(w, x, 1, k, out);                                                              \
+    }
+DEFINE_AVX2_FOUR(avx2_f16_x4, uint16_t, load8_f16, f16_to_f32)
+DEFINE_AVX2_FOUR(avx2_bf16_x4, uint16_t, load8_bf16, bf16_to_f32)
+
 /* Each product for 1..ROWS_AT_ONCE input rows with the count a constant (registers for the sums). */
 #define BY_COUNT(NAME)                                                                                  \
     static void NAME(const void *w, const void *const *x, int nx, int64_t nb, float *out) {            \
@@ -951,6 +996,8 @@ static row_product product_of(int64_t type) {
     case T_F32: return avx2_f32;
     case T_F16: return avx2_f16;
     case T_BF16: return avx2_bf16;
+    case T_F16_X4: return avx2_f16_x4;
+    case T_BF16_X4: return avx2_bf16_x4;
     }
 #endif
     switch (type) {
@@ -967,6 +1014,8 @@ static row_product product_of(int64_t type) {
     case T_F32: return plain_f32;
     case T_F16: return plain_f16;
     case T_BF16: return plain_bf16;
+    case T_F16_X4: return plain_f16_x4;
+    case T_BF16_X4: return plain_bf16_x4;
     }
     return NULL;
 }
@@ -1376,6 +1425,7 @@ static void row_bf16(const void *data, int64_t k, float *y) {
    type it does not take, or an id outside the tensor. */
 int blocks_rows(const void *data, int64_t type, int64_t k, int64_t rows, const int64_t *ids, int64_t n, float *out) {
     type_info info;
+    if (type == T_F16_X4 || type == T_BF16_X4) type -= 1000; /* the file's rows as they are */
     if (type_of(type, &info) || k % info.block || info.rows != 1) return -1;
     void (*row)(const void *, int64_t, float *) = NULL;
     switch (type) {

@@ -31,10 +31,16 @@ F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, BF16 = 0, 1, 2, 3, 6, 
 # what a product makes of them
 Q4_K_X8, Q6_K_X8 = 1012, 1014
 INTERLEAVED = {Q4_K: Q4_K_X8, Q6_K: Q6_K_X8}
-BLOCK_BYTES = {F32: (1, 4), F16: (1, 2), BF16: (1, 2), Q4_0: (32, 18), Q4_1: (32, 20), Q5_0: (32, 22), Q5_1: (32, 24),
+# not GGML's either: F16 and BF16 rows as the file holds them, each product taking four side by side
+F16_X4, BF16_X4 = 1001, 1030
+FOURS = {F16: F16_X4, BF16: BF16_X4}
+FLOATS = (F32, F16, BF16, F16_X4, BF16_X4)
+BLOCK_BYTES = {F32: (1, 4), F16: (1, 2), BF16: (1, 2), F16_X4: (1, 2), BF16_X4: (1, 2), Q4_0: (32, 18), Q4_1: (32, 20),
+               Q5_0: (32, 22), Q5_1: (32, 24),
                Q8_0: (32, 34),
                Q4_K: (256, 144), Q5_K: (256, 176), Q6_K: (256, 210), Q4_K_X8: (256, 148), Q6_K_X8: (256, 210)}
-TYPE_NAMES = {F32: "F32", F16: "F16", BF16: "BF16", Q4_0: "Q4_0", Q4_1: "Q4_1", Q5_0: "Q5_0", Q5_1: "Q5_1",
+TYPE_NAMES = {F32: "F32", F16: "F16", BF16: "BF16", F16_X4: "F16", BF16_X4: "BF16", Q4_0: "Q4_0", Q4_1: "Q4_1",
+              Q5_0: "Q5_0", Q5_1: "Q5_1",
               Q8_0: "Q8_0", Q4_K: "Q4_K", Q5_K: "Q5_K", Q6_K: "Q6_K", Q4_K_X8: "Q4_K", Q6_K_X8: "Q6_K"}
 # a prompt's products of at least TILE_ROWS rows on float weights run on float32 tiles of TILE weight
 # rows; quantised weights' stay on their blocks, faster than de-quantised tiles through the matrix
@@ -68,7 +74,8 @@ class BlockTensor:
         block, size = BLOCK_BYTES[self.type]
         shape = (self.rows, self.cols // block * size)
         if self.cols % block or self.data.dtype != np.uint8 or self.data.shape != shape \
-                or not self.data.flags.c_contiguous or (self.type in INTERLEAVED.values() and self.rows % 8):
+                or not self.data.flags.c_contiguous or (self.type in INTERLEAVED.values() and self.rows % 8) \
+                or (self.type in FOURS.values() and self.rows % 4):
             raise ValueError(f"a tensor of type {self.type}, {self.rows} x {self.cols}: bytes {self.data.shape}")
 
     @property
@@ -102,9 +109,20 @@ class Blocks:
         self.functions["blocks_plain"](int(on))
 
     def product(self, parts: Sequence[BlockTensor]) -> "BlockProduct":
-        """One product over ``parts`` (their rows side by side in the output: a fused q, k and v), Q4_K
-        and Q6_K parts interleaved first (``interleaved``)."""
-        return BlockProduct(self, [self.interleaved(part) for part in parts])
+        """One product over ``parts`` (their rows side by side in the output: a fused q, k and v), each
+        arranged for its products first (``arranged``)."""
+        starts = np.cumsum([0, *(part.rows for part in parts[:-1])])
+        return BlockProduct(self, [self.arranged(part, int(start)) for part, start in zip(parts, starts, strict=True)])
+
+    def arranged(self, tensor: BlockTensor, start: int) -> BlockTensor:
+        """``tensor`` as its products read it fastest, where its rows and its first output column
+        (``start``) are multiples of the group: Q4_K and Q6_K interleaved by eights (``interleaved``), F16
+        and BF16 rows taken four at a time, in place (docs/performance.md, "GGUF weights in their own
+        blocks")."""
+        fours = FOURS.get(tensor.type)
+        if fours is not None and tensor.rows % 4 == 0 and start % 4 == 0:
+            return BlockTensor(tensor.data, fours, tensor.rows, tensor.cols)
+        return self.interleaved(tensor) if start % 8 == 0 else tensor
 
     def interleaved(self, tensor: BlockTensor) -> BlockTensor:
         """A Q4_K or Q6_K tensor (rows a multiple of 8) with each eight rows interleaved, in memory of its
@@ -150,7 +168,7 @@ class BlockProduct:
             raise ValueError("a product's parts must share their inputs")
         self._built = built
         self._function = built.functions["blocks_matmul"]
-        self._floats = all(part.type in (F16, BF16, F32) for part in parts)
+        self._floats = all(part.type in FLOATS for part in parts)
         self._tensors = tuple(parts)  # kept: the table points into them
         self._table = (_Part * len(parts))(*(_Part(part.pointer(), part.type, part.rows) for part in parts))
         self.k = parts[0].cols

@@ -540,23 +540,33 @@ INLINE __m256i dot_signed(__m256i w, __m256i a) {
     return dot_unsigned(_mm256_sign_epi8(w, w), _mm256_sign_epi8(a, w));
 }
 
+/* Two sums a row, blocks taken in turn: one chain of multiply-adds, a block per its latency, ran slower than
+   memory delivers a Q8_0 row at one thread */
+#define Q8_FAMILY_BLOCK(BLOCK, CODES, DOT, MIN, ACC)                                                    \
+    {                                                                                                 \
+        __m256i codes = CODES;                                                                        \
+        float d = f16_to_f32(b[i].d);                                                                 \
+        for (int r = 0; r < nx; r++) {                                                                \
+            const act_q8 *a = (const act_q8 *)x[r] + i;                                               \
+            __m256 dot = _mm256_cvtepi32_ps(DOT(codes, _mm256_loadu_si256((const __m256i *)a->qs)));  \
+            ACC[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * a->d), dot, ACC[r]);                          \
+            MIN;                                                                                      \
+        }                                                                                             \
+    }
 #define DEFINE_Q8_FAMILY(NAME, BLOCK, CODES, DOT, MIN)                                                  \
     INLINE void NAME##_n(const void *w, const void *const *x, int nx, int64_t nb, float *out) {       \
         const BLOCK *b = w;                                                                           \
-        __m256 acc[ROWS_AT_ONCE];                                                                     \
+        __m256 acc[ROWS_AT_ONCE], odd[ROWS_AT_ONCE];                                                  \
         float mins[ROWS_AT_ONCE];                                                                     \
-        for (int r = 0; r < nx; r++) { acc[r] = _mm256_setzero_ps(); mins[r] = 0.0f; }               \
-        for (int64_t i = 0; i < nb; i++) {                                                            \
-            __m256i codes = CODES;                                                                    \
-            float d = f16_to_f32(b[i].d);                                                             \
-            for (int r = 0; r < nx; r++) {                                                            \
-                const act_q8 *a = (const act_q8 *)x[r] + i;                                           \
-                __m256 dot = _mm256_cvtepi32_ps(DOT(codes, _mm256_loadu_si256((const __m256i *)a->qs))); \
-                acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * a->d), dot, acc[r]);                     \
-                MIN;                                                                                  \
-            }                                                                                         \
+        for (int r = 0; r < nx; r++) { acc[r] = odd[r] = _mm256_setzero_ps(); mins[r] = 0.0f; }      \
+        int64_t i = 0;                                                                                \
+        for (; i + 2 <= nb; i++) {                                                                    \
+            Q8_FAMILY_BLOCK(BLOCK, CODES, DOT, MIN, acc)                                              \
+            i++;                                                                                      \
+            Q8_FAMILY_BLOCK(BLOCK, CODES, DOT, MIN, odd)                                              \
         }                                                                                             \
-        for (int r = 0; r < nx; r++) out[r] = hsum8(acc[r]) + mins[r];                               \
+        if (i < nb) Q8_FAMILY_BLOCK(BLOCK, CODES, DOT, MIN, acc)                                      \
+        for (int r = 0; r < nx; r++) out[r] = hsum8(_mm256_add_ps(acc[r], odd[r])) + mins[r];        \
     }
 
 DEFINE_Q8_FAMILY(avx2_q4_0, block_q4_0, _mm256_sub_epi8(nibbles32(b[i].qs), _mm256_set1_epi8(8)), dot_signed,

@@ -18,9 +18,10 @@ from msgspec import Struct
 
 from api.openai import requests as rq
 from api.openai.chat import completion
+from api.openai.chattranslation import chat_request
 from api.openai.errors import error_object
 from api.openai.rendering import ResponseView, response_object
-from api.openai.translation import chat_request, responses_request
+from api.openai.translation import responses_request
 from lmsp_core import wire
 from lmsp_core.requests.catalog import Catalog
 from lmsp_core.store.objects.batches import BatchRecord

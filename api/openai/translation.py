@@ -1,6 +1,7 @@
-"""OpenAI request bodies -> LMSP requests (``wire.ResponseRequest``), which then take the ordinary
-submit path. Everything a body asks for is either translated or refused with a 400 that names the
-parameter; nothing is dropped silently.
+"""OpenAI's Responses bodies -> LMSP requests (``wire.ResponseRequest``), which then take the ordinary
+submit path, and the checks chat's translation (``api.openai.chattranslation``) shares. Everything a
+body asks for is either translated or refused with a 400 that names the parameter; nothing is dropped
+silently.
 
 How the response object echoes a request (``instructions``, a ``json_object`` format) is kept in
 the request itself, in the private extension ``x-openai``, which workers ignore: the task stays the
@@ -35,20 +36,15 @@ MAX_USER = 256  # this service's bound: OpenAI documents none
 MAX_SAFETY_IDENTIFIER = 128  # OpenAI's
 
 # the parameter behind each code of the shared checks, per endpoint (errors.with_param)
-_SHARED_PARAMS = {"model_not_found": "model", "max_output_tokens_too_large": "max_output_tokens",
+SHARED_PARAMS = {"model_not_found": "model", "max_output_tokens_too_large": "max_output_tokens",
                   "max_output_tokens_too_small": "max_output_tokens",
                   "too_many_tools": "tools", "duplicate_tool_name": "tools", "invalid_tool_schema": "tools",
                   "unknown_tool": "tool_choice", "invalid_tool_choice": "tool_choice"}
-RESPONSES_PARAMS = {**_SHARED_PARAMS, "context_length_exceeded": "input", "too_many_input_items": "input",
+RESPONSES_PARAMS = {**SHARED_PARAMS, "context_length_exceeded": "input", "too_many_input_items": "input",
                     "input_too_long": "input", "unmatched_call_id": "input", "invalid_json_schema": "text.format",
                     "response_not_found": "previous_response_id", "previous_response_in_progress":
                     "previous_response_id", "conversation_too_long": "previous_response_id",
                     "conversation_not_found": "conversation", "conversation_locked": "conversation"}
-CHAT_PARAMS = {**_SHARED_PARAMS, "context_length_exceeded": "messages", "too_many_input_items": "messages",
-               "input_too_long": "messages", "unmatched_call_id": "messages",
-               "invalid_json_schema": "response_format", "max_output_tokens_too_large": "max_completion_tokens",
-               "max_output_tokens_too_small": "max_completion_tokens"}
-
 
 # --- POST /v1/responses ------------------------------------------------------------------------------
 
@@ -69,12 +65,12 @@ def responses_request(body: oa.ResponsesRequest, spec: ModelSpec) -> wire.Respon
         echo["conversation"] = conversation_id(body)
     request = wire.ResponseRequest(
         model=body.model, input=items, stream=bool(body.stream), max_output_tokens=body.max_output_tokens,
-        temperature=body.temperature, response_format=response_format, tools=_tools(body.tools, "tools"),
-        tool_choice=_tool_choice(body.tool_choice), store=store, previous_response_id=body.previous_response_id,
-        extensions=with_client_options(_extensions(top_p=body.top_p, echo=echo,
+        temperature=body.temperature, response_format=response_format, tools=tools_of(body.tools, "tools"),
+        tool_choice=tool_choice_of(body.tool_choice), store=store, previous_response_id=body.previous_response_id,
+        extensions=with_client_options(extensions_of(top_p=body.top_p, echo=echo,
                                                    logprobs=responses_logprobs(body)), body),
     )
-    _check_capabilities(request, spec, input_param="input", format_param="text.format")
+    check_capabilities(request, spec, input_param="input", format_param="text.format")
     return request
 
 
@@ -115,14 +111,14 @@ def stored(body: oa.ResponsesRequest, spec: ModelSpec) -> bool:
 
 
 # parameters both routes accept only with the value that asks for what the service does: (name, allowed, message)
-_PENALTIES: list[tuple[str, Any, str]] = [
+PENALTIES: list[tuple[str, Any, str]] = [
     ("frequency_penalty", (None, 0), "frequency_penalty is not supported (only 0)."),
     ("presence_penalty", (None, 0), "presence_penalty is not supported (only 0)."),
 ]
 
 
 def _check_response_options(body: oa.ResponsesRequest) -> None:
-    for name, allowed, message in _PENALTIES:
+    for name, allowed, message in PENALTIES:
         if getattr(body, name) not in allowed:
             raise unsupported(name, message)
     if body.truncation == "auto":
@@ -132,14 +128,14 @@ def _check_response_options(body: oa.ResponsesRequest) -> None:
     if other:
         raise unsupported("include", f"include {other!r} is not supported: only {INCLUDE_LOGPROBS!r} can be "
                                      "included.")
-    _common_options(body.service_tier, body.top_logprobs)
+    common_options(body.service_tier, body.top_logprobs)
     if body.max_tool_calls is not None:
         raise unsupported("max_tool_calls", "max_tool_calls is not supported.", value=False)
     if body.stream_options is not None and body.stream_options.include_obfuscation:
         raise unsupported("stream_options.include_obfuscation", "Stream obfuscation is not supported.")
 
 
-def _common_options(service_tier: str | None, top_logprobs: int | None) -> None:
+def common_options(service_tier: str | None, top_logprobs: int | None) -> None:
     if service_tier not in DEFAULT_TIERS and service_tier not in TIER_PRIORITIES:
         raise unsupported("service_tier", f"service_tier {service_tier!r} is not supported; use 'auto', 'default', "
                                           "'flex' or 'priority'.")
@@ -156,14 +152,6 @@ def responses_logprobs(body: oa.ResponsesRequest) -> int | None:
     return None
 
 
-def chat_logprobs(body: oa.ChatRequest) -> int | None:
-    """The same for chat: ``logprobs: true``, with ``top_logprobs`` alternatives (which need it)."""
-    if body.top_logprobs is not None and not body.logprobs:
-        raise InvalidRequest("top_logprobs needs logprobs: true.", code="invalid_value",
-                             extra={"param": "top_logprobs"})
-    return (body.top_logprobs or 0) if body.logprobs else None
-
-
 def _text_format(text: oa.TextConfig | None) -> tuple[wire.ResponseFormat | None, dict[str, Any]]:
     chosen = text.format if text is not None else None
     if isinstance(chosen, oa.JsonObjectFormat):
@@ -175,7 +163,7 @@ def _text_format(text: oa.TextConfig | None) -> tuple[wire.ResponseFormat | None
     return (wire.TextFormat() if chosen is not None else None), {}
 
 
-def _tools(tools: Sequence[oa.FunctionTool | oa.FunctionDefinition] | None,
+def tools_of(tools: Sequence[oa.FunctionTool | oa.FunctionDefinition] | None,
            param: str) -> list[wire.FunctionTool] | None:
     if tools is None:
         return None
@@ -186,7 +174,7 @@ def _tools(tools: Sequence[oa.FunctionTool | oa.FunctionDefinition] | None,
             for index, tool in enumerate(tools)]
 
 
-def _tool_choice(choice: str | oa.NamedFunction | oa.ChatNamedTool | None) -> wire.ToolChoice | None:
+def tool_choice_of(choice: str | oa.NamedFunction | oa.ChatNamedTool | None) -> wire.ToolChoice | None:
     if isinstance(choice, oa.NamedFunction):
         return converted({"type": "function", "name": choice.name}, wire.NamedToolChoice, "tool_choice")
     if isinstance(choice, oa.ChatNamedTool):
@@ -195,7 +183,7 @@ def _tool_choice(choice: str | oa.NamedFunction | oa.ChatNamedTool | None) -> wi
     return choice  # type: ignore[return-value]  # the Literal of the request type
 
 
-def _extensions(*, top_p: float | None = None, seed: int | None = None, stop: str | list[str] | None = None,
+def extensions_of(*, top_p: float | None = None, seed: int | None = None, stop: str | list[str] | None = None,
                 echo: dict[str, Any] | None = None, logprobs: int | None = None) -> dict[str, Any] | None:
     extensions: dict[str, Any] = {}
     if logprobs is not None:
@@ -294,7 +282,7 @@ def _input_item(item: dict[str, Any], param: str) -> wire.InputItem:
                           "arguments": call.arguments, "id": call.id}, wire.FunctionCall, param)
     if kind == "function_call_output":
         output: oa.FunctionCallOutputItem = converted(item, oa.FunctionCallOutputItem, param)
-        text = output.output if isinstance(output.output, str) else _text(output.output, f"{param}.output")
+        text = output.output if isinstance(output.output, str) else text_of(output.output, f"{param}.output")
         return wire.FunctionCallOutput(call_id=output.call_id, output=text, id=output.id)
     if kind == "reasoning":
         reasoning: oa.ReasoningItem = converted(item, oa.ReasoningItem, param)
@@ -331,108 +319,9 @@ def _parts(content: str | list[dict[str, Any]], param: str, role: str) -> list[w
     return parts
 
 
-def _text(content: list[dict[str, Any]], param: str) -> str:
+def text_of(content: list[dict[str, Any]], param: str) -> str:
     """The text of a list of text parts (a tool's output, or a chat message's content)."""
     return "".join(part.text for part in _parts(content, param, "user") if isinstance(part, wire.TEXT_PARTS))
-
-
-# --- POST /v1/chat/completions -------------------------------------------------------------------------
-
-
-def chat_request(body: oa.ChatRequest, spec: ModelSpec) -> wire.ResponseRequest:
-    _check_chat_options(body)
-    if body.max_tokens is not None and body.max_completion_tokens is not None:
-        raise InvalidRequest("Set max_completion_tokens or max_tokens, not both.", extra={"param": "max_tokens"})
-    request = wire.ResponseRequest(
-        model=body.model, input=chat_items(body.messages), stream=bool(body.stream),
-        max_output_tokens=body.max_completion_tokens or body.max_tokens, temperature=body.temperature,
-        response_format=_chat_format(body.response_format), tools=_tools(
-            [tool.function for tool in body.tools] if body.tools is not None else None, "tools"),
-        tool_choice=_tool_choice(body.tool_choice), extensions=with_client_options(_extensions(
-            top_p=body.top_p, seed=body.seed, stop=body.stop, logprobs=chat_logprobs(body)), body),
-    )
-    _check_capabilities(request, spec, input_param="messages", format_param="response_format")
-    return request
-
-
-_NO_EFFECT: list[tuple[str, Any, str]] = [
-    ("n", (None, 1), "One choice is returned (n: 1)."),
-    *_PENALTIES,
-    ("store", (None, False), "Chat completions are not stored (store: false); use /v1/responses to store."),
-    ("modalities", (None, ["text"]), "Only the text modality is supported."),
-]
-
-
-def _check_chat_options(body: oa.ChatRequest) -> None:
-    for name, allowed, message in _NO_EFFECT:
-        if getattr(body, name) not in allowed:
-            raise unsupported(name, message)
-    _common_options(body.service_tier, body.top_logprobs)
-    if body.stream_options is not None:
-        if not body.stream:
-            raise InvalidRequest("stream_options is only allowed with stream: true.",
-                                 extra={"param": "stream_options"})
-        if body.stream_options.include_obfuscation:
-            raise unsupported("stream_options.include_obfuscation", "Stream obfuscation is not supported.")
-
-
-def _chat_format(chosen: oa.TextFormat | oa.JsonObjectFormat | oa.ChatJsonSchemaFormat | None
-                 ) -> wire.ResponseFormat | None:
-    if isinstance(chosen, oa.JsonObjectFormat):
-        return wire.JsonSchemaFormat(json_schema=JSON_OBJECT)
-    if isinstance(chosen, oa.ChatJsonSchemaFormat):
-        schema = chosen.json_schema
-        spec = converted({"name": schema.name, "description": schema.description, "strict": schema.strict,
-                          "schema": schema.schema if schema.schema is not None else {"type": "object"}},
-                         wire.JsonSchemaSpec, "response_format.json_schema")
-        return wire.JsonSchemaFormat(json_schema=spec)
-    return wire.TextFormat() if chosen is not None else None
-
-
-def chat_items(messages: list[dict[str, Any]]) -> list[wire.InputItem]:
-    items: list[wire.InputItem] = []
-    for index, raw in enumerate(messages):
-        param = f"messages[{index}]"
-        message: oa.ChatMessage = converted(raw, oa.ChatMessage, param)
-        _check_fields(message, param)
-        items += _chat_message(message, param)
-    return items
-
-
-_ROLE_FIELDS = {"tool_calls": "assistant", "reasoning_content": "assistant", "tool_call_id": "tool"}
-
-
-def _check_fields(message: oa.ChatMessage, param: str) -> None:
-    for field, role in _ROLE_FIELDS.items():
-        if getattr(message, field) is not None and message.role != role:
-            raise InvalidRequest(f"{field} is only allowed in {role} messages.", extra={"param": f"{param}.{field}"})
-    if message.annotations:
-        raise unsupported(f"{param}.annotations", "Annotations are not supported in input.")
-    if message.role == "tool" and message.tool_call_id is None:
-        raise InvalidRequest("A tool message needs tool_call_id.", extra={"param": f"{param}.tool_call_id"})
-    if message.role not in ("assistant",) and message.content is None:
-        raise InvalidRequest(f"A {message.role} message needs content.", extra={"param": f"{param}.content"})
-
-
-def _chat_message(message: oa.ChatMessage, param: str) -> list[wire.InputItem]:
-    content = message.content
-    text = content if isinstance(content, str) or content is None else _text(content, param)
-    if message.role == "tool":
-        assert message.tool_call_id is not None
-        return [wire.FunctionCallOutput(call_id=message.tool_call_id, output=text or "")]
-    if message.role != "assistant":
-        role: Literal["system", "user"] = "user" if message.role == "user" else "system"
-        return [wire.Message(role=role, content=[wire.InputText(text=text or "")])]
-    items: list[wire.InputItem] = []
-    if message.reasoning_content:
-        items.append(wire.Reasoning(summary=[wire.SummaryText(text=message.reasoning_content)]))
-    if text or not message.tool_calls:
-        items.append(wire.Message(role="assistant", content=[wire.OutputText(text=text or "")]))
-    for index, call in enumerate(message.tool_calls or ()):
-        items.append(converted({"type": "function_call", "call_id": call.id, "name": call.function.name,
-                                "arguments": call.function.arguments}, wire.FunctionCall,
-                               f"{param}.tool_calls[{index}].function"))
-    return items
 
 
 # --- capabilities, with the parameter that needs them ----------------------------------------------------
@@ -444,7 +333,7 @@ def _require(spec: ModelSpec, capability: Capability, param: str, what: str) -> 
                                     "not have.", extra={"param": param})
 
 
-def _check_capabilities(request: wire.ResponseRequest, spec: ModelSpec, *, input_param: str,
+def check_capabilities(request: wire.ResponseRequest, spec: ModelSpec, *, input_param: str,
                         format_param: str) -> None:
     if request.stream:
         _require(spec, "streaming", "stream", "stream: true")

@@ -13,9 +13,9 @@ from api.openai import PREFIX
 from api.openai import requests as rq
 from api.openai.chat import completion
 from api.openai.chatobjects import ChatCompletion
+from api.openai.chattranslation import CHAT_PARAMS, chat_request
 from api.openai.errors import errors_only, with_param
 from api.openai.objects import Model, ModelList
-from api.openai.translation import CHAT_PARAMS, chat_request
 from api.process import Services
 from api.submission import idempotency
 from api.submission.idempotency import REPLAYED, IdempotencyKey

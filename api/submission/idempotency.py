@@ -1,25 +1,16 @@
-"""``Idempotency-Key`` on ``POST /responses`` and ``POST /tasks``, scoped per principal.
-
-The first request with a key reserves it atomically (``SET NX``) for the task it created, with a
-fingerprint of the endpoint and the body; the reservation expires after ``LMSP_IDEMPOTENCY_TTL``.
-A repeat with the same fingerprint gets that task (never a second generation, also when repeats
-race: exactly one ``SET NX`` wins and the losers drop the records they had prepared before
-enqueuing anything); a different fingerprint is ``422 idempotency_key_reused``.
+"""The ``Idempotency-Key`` header on the routes that create tasks (``POST /responses``, ``POST /tasks``
+and OpenAI's), scoped per principal: its form, checked here; its reservations are kept by
+``lmsp_core.store.tasks.idempotency``, which ``api.submission.submit`` consults.
 """
 
-import hashlib
 from typing import Annotated
 
-import msgspec
 from litestar.params import HeaderParameter
-from redis.asyncio import Redis
 
-from lmsp_core import wire
-from lmsp_core.store import keys
-from lmsp_core.wire.errors import InvalidRequest, ServiceUnavailable, Unprocessable
+from lmsp_core.store.tasks.idempotency import HEADER
+from lmsp_core.wire.errors import InvalidRequest
 
 MAX_KEY_LENGTH = 255
-HEADER = "Idempotency-Key"
 REPLAYED_HEADER = "Idempotent-Replayed"
 REPLAYED = {REPLAYED_HEADER: "true"}  # on the answers to repeats
 
@@ -28,12 +19,8 @@ KEY_SCHEMA = {"type": "string", "oneOf": None, "minLength": 1, "maxLength": MAX_
 IdempotencyKey = Annotated[str | None, HeaderParameter(
     name=HEADER, description=f"1-{MAX_KEY_LENGTH} visible ASCII characters; a repeat with the same key and body "
                              "answers from the first request's generation", schema_extra=KEY_SCHEMA)]
-_canonical = msgspec.json.Encoder(order="sorted")  # object keys sorted at every level
 
-
-class Reservation(msgspec.Struct, frozen=True):
-    task_id: str
-    fingerprint: str
+__all__ = ["HEADER", "REPLAYED", "REPLAYED_HEADER", "IdempotencyKey", "parse_key"]
 
 
 def parse_key(raw: str | None) -> str | None:
@@ -43,49 +30,3 @@ def parse_key(raw: str | None) -> str | None:
         raise InvalidRequest(f"{HEADER} must be 1-{MAX_KEY_LENGTH} visible ASCII characters.",
                              code="invalid_idempotency_key")
     return raw
-
-
-def fingerprint(endpoint: str, request: wire.ResponseRequest) -> str:
-    """What must match for a repeat: the endpoint and the request. ``stream`` is left out: it only
-    chooses how the answer is delivered, so a repeat may follow the same task either way."""
-    canonical = _canonical.encode(msgspec.structs.replace(request, stream=False))
-    return hashlib.sha256(endpoint.encode() + b"\n" + canonical).hexdigest()
-
-
-def _key(principal: str, key: str) -> str:
-    return keys.idempotency(principal, hashlib.sha256(key.encode()).hexdigest())
-
-
-def _match(raw: bytes, print_: str) -> str:
-    reservation = msgspec.json.decode(raw, type=Reservation)
-    if reservation.fingerprint != print_:
-        raise Unprocessable(f"This {HEADER} was already used with a different request; use a new key.",
-                            code="idempotency_key_reused")
-    return reservation.task_id
-
-
-async def lookup(redis: Redis, principal: str, key: str, print_: str) -> str | None:
-    """The task of an earlier request with this key, or None for a new key."""
-    raw = await redis.get(_key(principal, key))
-    return None if raw is None else _match(raw, print_)
-
-
-async def reserve(redis: Redis, principal: str, key: str, print_: str, task_id: str, ttl: float) -> str | None:
-    """Reserve the key for ``task_id``: None if this call won, else the task of the winner."""
-    value = msgspec.json.encode(Reservation(task_id, print_))
-    name = _key(principal, key)
-    for _ in range(3):  # the winner's reservation may expire between SET NX and GET: try again
-        if await redis.set(name, value, nx=True, px=int(ttl * 1000)):
-            return None
-        raw = await redis.get(name)
-        if raw is not None:
-            return _match(raw, print_)
-    raise ServiceUnavailable(f"The {HEADER} could not be reserved; retry.", retry_after=1)
-
-
-async def release(redis: Redis, principal: str, key: str, task_id: str) -> None:
-    """Drop a reservation whose task could not be queued (only if it is still ours)."""
-    name = _key(principal, key)
-    raw = await redis.get(name)
-    if raw is not None and msgspec.json.decode(raw, type=Reservation).task_id == task_id:
-        await redis.delete(name)

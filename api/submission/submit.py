@@ -1,7 +1,7 @@
 """Turning a validated request into a queued task: limits, model checks, the task record, the job.
 
 With an ``Idempotency-Key`` a repeat returns the task of the first request instead (see
-``api.submission.idempotency``). The record is written before the key is reserved, so whoever finds a
+``lmsp_core.store.tasks.idempotency``). The record is written before the key is reserved, so whoever finds a
 reservation also finds its record; a request that loses the reservation race deletes its own record
 before anything was queued.
 """
@@ -13,7 +13,7 @@ from typing import NamedTuple, Protocol
 from redis.exceptions import RedisError
 
 from api.process import Services
-from api.submission import admission, idempotency
+from api.submission import admission
 from api.submission.admission import admit
 from lmsp_core import tracing, wire
 from lmsp_core.requests import extensions
@@ -21,7 +21,7 @@ from lmsp_core.requests.catalog import ModelSpec
 from lmsp_core.store import metrics
 from lmsp_core.store.objects import conversations
 from lmsp_core.store.objects.conversations import StoredResponse
-from lmsp_core.store.tasks import fairqueue, queue
+from lmsp_core.store.tasks import fairqueue, idempotency, queue
 from lmsp_core.store.tasks.eventstore import pack_tokens
 from lmsp_core.store.tasks.records import Kind, TaskRecord, metadata_of
 from lmsp_core.store.tenants import principals

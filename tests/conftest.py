@@ -1,10 +1,15 @@
-"""Shared fixtures: one redis-server, one tiny-random worker and one API for the session.
+"""Shared fixtures: one redis-server for the session and the processes on it, all started side by
+side when the first test needs one of them (``stack``): the APIs and workers that some collected test
+uses, and the same stack on a Redis Cluster for ``tests.backends``.
 
 The shared API runs with ``LMSP_AUTH=none`` (loopback); ``secure_api`` is a second API process on
-the same Redis with bearer tokens, for the security tests. Tests that break things (kill a worker,
-restart Redis) make their own processes instead.
+the same Redis with bearer tokens, for the security tests; a few more serve a test file's settings
+(``_process`` says which). A test file that needs a process with other settings adds it there rather
+than starting its own. Tests that break things (kill a worker, restart Redis) make their own
+processes instead.
 """
 
+import asyncio
 import json
 import tempfile
 from collections.abc import AsyncIterator, Iterator
@@ -27,9 +32,10 @@ from tests.support import (
     SECURE_CORS_ORIGIN,
     Api,
     RedisServer,
+    Service,
     TokenFactory,
     Worker,
-    running,
+    stop_all,
     tiny_spec,
 )
 
@@ -133,12 +139,6 @@ def redis_server() -> Iterator[RedisServer]:
     server.cleanup()
 
 
-@pytest_asyncio.fixture(scope="session")
-async def tiny_worker(redis_server: RedisServer, models_file: str) -> AsyncIterator[Worker]:
-    async with running(Worker(redis_server.url, ["tiny-random"], models_file=models_file)) as worker:
-        yield worker
-
-
 @pytest.fixture(scope="session")
 def variant_models_file(tmp_path_factory: pytest.TempPathFactory) -> str:
     """The catalog of ``variant_worker``: the tests' own, but for a 24-token context window of
@@ -149,21 +149,137 @@ def variant_models_file(tmp_path_factory: pytest.TempPathFactory) -> str:
     return str(path)
 
 
-@pytest_asyncio.fixture(scope="session")
-async def variant_worker(redis_server: RedisServer, variant_models_file: str) -> AsyncIterator[Worker]:
-    """One more worker, started by the first test that needs it, for the test-only model variants."""
-    models = ["tiny-reasoning", "tiny-serial", "tiny-mismatch"]
-    async with running(Worker(redis_server.url, models, models_file=variant_models_file)) as worker:
-        yield worker
+# --- the session's processes: the first test that needs one starts all that the run will use ------
+
+# Each is started by the ``stack`` below, side by side with the others (a start is mostly its imports,
+# torch's for a worker: started one after another, they would queue for the cores in turn).
+def _process(name: str, redis_url: str, files: dict[str, str], **redis: Any) -> Api | Worker:
+    """The session's process ``name`` (unstarted) on a Redis; ``files``: the catalogs by name."""
+    models = files["models"]
+    if name == "api":
+        return Api(redis_url, models_file=models, sse_heartbeat=1, **redis)
+    if name == "secure_api":  # bearer tokens, two open streams per principal and CORS for one origin
+        return Api(redis_url, models_file=models, sse_heartbeat=1, auth="tokens", max_streams=2,
+                   cors_origins=SECURE_CORS_ORIGIN, **redis)
+    if name == "second_api":  # bearer tokens and no limits (see test_fairness.py)
+        return Api(redis_url, models_file=models, auth="tokens")
+    if name == "limited_api":  # five requests a minute per principal, small bodies (see test_limits.py)
+        return Api(redis_url, models_file=models, auth="tokens", rate_limit=5, rate_window=60, max_body_bytes=4096)
+    if name == "small_api":  # files of a few KiB and batches of three requests (see test_files.py)
+        return Api(redis_url, models_file=models, max_file_bytes=4096, max_batch_lines=3)
+    if name == "tenant_api":  # names every principal in its metrics: the session makes more than the
+        # default cap (LMSP_METRICS_PRINCIPALS), see test_observability.py
+        return Api(redis_url, models_file=models, auth="tokens", metrics_principals=100_000)
+    if name == "fair_worker":  # tiny-fair's four slots, which tenants compete for (see test_fairness.py)
+        return Worker(redis_url, ["tiny-fair"], models_file=models)
+    if name == "smollm2_worker":  # the real SmolLM2, uncompiled (``TEST_MODELS``; see test_smollm2.py)
+        return Worker(redis_url, [SMOLLM2.id], models_file=models)
+    if name == "variant_worker":  # the test-only model variants, on their own catalog
+        return Worker(redis_url, ["tiny-reasoning", "tiny-serial", "tiny-mismatch"], models_file=files["variant"])
+    # appends its tasks' events after every step (eager) or every 3 s (patient)
+    flush = {"tiny_worker": None, "eager_worker": 0, "patient_worker": 3}[name]
+    model = {"tiny_worker": "tiny-random", "eager_worker": "tiny-eager", "patient_worker": "tiny-patient"}[name]
+    return Worker(redis_url, [model], models_file=models, event_flush_interval=flush, **redis)
+
+
+SINGLE = ("api", "secure_api", "second_api", "limited_api", "small_api", "tenant_api", "tiny_worker",
+          "variant_worker", "eager_worker", "patient_worker", "fair_worker", "smollm2_worker")
+# the same stack on the Redis Cluster, for the modules that use ``tests.backends``
+ON_CLUSTER = ("api", "secure_api", "tiny_worker", "eager_worker")
+
+
+def _needed(items: list[pytest.Item]) -> set[str]:
+    """The session's processes (``SINGLE``'s names, ``cluster_`` before those on the cluster) and
+    ``redis_cluster`` that the run's tests use: directly, or through ``tests.backends``, whose
+    fixtures look the backend's stack up at run time."""
+    needed: set[str] = set()
+    for item in items:
+        names = set(getattr(item, "fixturenames", ()))
+        callspec = getattr(item, "callspec", None)
+        backend = callspec.params.get("backend") if callspec is not None else None
+        if backend is not None:
+            prefix = "" if backend == "redis" else "cluster_"
+            needed |= {f"{prefix}{name}" for name in ("api", "secure_api", "tiny_worker") if "served" in names}
+            needed |= {f"{prefix}eager_worker"} if "eager_worker" in names else set()
+            needed |= {"redis_cluster"} if backend == "cluster" else set()
+            names.discard("eager_worker")
+        names |= {"eager_worker"} if "single_eager_worker" in names else set()
+        needed |= names & ({*SINGLE, *(f"cluster_{name}" for name in ON_CLUSTER), "redis_cluster"})
+    if any(name.startswith("cluster_") for name in needed):
+        needed.add("redis_cluster")
+    return needed
+
+
+class Stack:
+    """The session's processes by name; one that no collected test was seen to use starts when asked."""
+
+    def __init__(self, request: pytest.FixtureRequest, redis_url: str, files: dict[str, str]) -> None:
+        self.request = request
+        self.redis_url = redis_url
+        self.files = files
+        self.processes: dict[str, Api | Worker] = {}
+
+    def _make(self, name: str) -> Api | Worker:
+        if not name.startswith("cluster_"):
+            return _process(name, self.redis_url, self.files)
+        cluster: LocalCluster = self.request.getfixturevalue("redis_cluster")
+        settings = _cluster_service(cluster)
+        return _process(name.removeprefix("cluster_"), settings.pop("redis_url"), self.files, **settings)
+
+    async def start(self, names: set[str]) -> None:
+        """Start them at once; the cluster forms while the single Redis's processes import."""
+        made = {name: self._make(name) for name in sorted(names & set(SINGLE))}
+        for service in made.values():
+            Service.start(service)
+        self.processes.update(made)  # stopped at the end even if one of them never gets ready
+        if "redis_cluster" in names:
+            self.request.getfixturevalue("redis_cluster")
+        clustered = {name: self._make(name) for name in sorted(names - set(SINGLE) - {"redis_cluster"})}
+        for service in clustered.values():
+            Service.start(service)
+        self.processes.update(clustered)
+        await asyncio.gather(*(service.ready(timeout=300) for service in self.processes.values()))
+
+    async def get(self, name: str) -> Any:
+        if name not in self.processes:
+            await self.start({name})
+        return self.processes[name]
+
+    def stop(self) -> None:
+        stop_all(*self.processes.values())
 
 
 @pytest_asyncio.fixture(scope="session")
-async def eager_worker(redis_server: RedisServer, models_file: str) -> AsyncIterator[Worker]:
-    """A worker that appends its tasks' events after every step (``LMSP_EVENT_FLUSH_INTERVAL=0``):
-    streams of many small events, whatever the model's speed."""
-    worker = Worker(redis_server.url, ["tiny-eager"], models_file=models_file, event_flush_interval=0)
-    async with running(worker):
-        yield worker
+async def stack(request: pytest.FixtureRequest, redis_server: RedisServer, models_file: str,
+                variant_models_file: str) -> AsyncIterator[Stack]:
+    """Started by the first test that uses one of the session's processes: every one the run uses."""
+    processes = Stack(request, redis_server.url, {"models": models_file, "variant": variant_models_file})
+    try:
+        await processes.start(_needed(request.session.items))
+        yield processes
+    finally:
+        processes.stop()
+
+
+@pytest_asyncio.fixture(scope="session")
+async def tiny_worker(stack: Stack) -> Worker:
+    worker: Worker = await stack.get("tiny_worker")
+    return worker
+
+
+@pytest_asyncio.fixture(scope="session")
+async def variant_worker(stack: Stack) -> Worker:
+    """Serves the test-only model variants; tiny-mismatch with a 24-token context window, smaller than
+    the API's, so that the API accepts what the worker refuses (see test_failures.py)."""
+    worker: Worker = await stack.get("variant_worker")
+    return worker
+
+
+@pytest_asyncio.fixture(scope="session")
+async def eager_worker(stack: Stack) -> Worker:
+    """A worker that appends its tasks' events after every step: streams of many small events."""
+    worker: Worker = await stack.get("eager_worker")
+    return worker
 
 
 @pytest.fixture(scope="session")
@@ -173,33 +289,60 @@ def single_eager_worker(eager_worker: Worker) -> Worker:
 
 
 @pytest_asyncio.fixture(scope="session")
-async def patient_worker(redis_server: RedisServer, models_file: str) -> AsyncIterator[Worker]:
-    """A worker that appends its tasks' events every 3 s (``LMSP_EVENT_FLUSH_INTERVAL=3``)."""
-    worker = Worker(redis_server.url, ["tiny-patient"], models_file=models_file, event_flush_interval=3)
-    async with running(worker):
-        yield worker
+async def patient_worker(stack: Stack) -> Worker:
+    """A worker that appends its tasks' events every 3 s."""
+    worker: Worker = await stack.get("patient_worker")
+    return worker
 
 
-@pytest.fixture(scope="session")
-def api(redis_server: RedisServer, models_file: str) -> Iterator[Api]:
-    server = Api(redis_server.url, models_file=models_file, sse_heartbeat=1)
-    server.start()
-    yield server
-    server.stop()
+@pytest_asyncio.fixture(scope="session")
+async def api(stack: Stack) -> Api:
+    server: Api = await stack.get("api")
+    return server
 
 
-@pytest.fixture(scope="session")
-def secure_api(redis_server: RedisServer, models_file: str) -> Iterator[Api]:
+@pytest_asyncio.fixture(scope="session")
+async def secure_api(stack: Stack) -> Api:
     """An API that authenticates bearer tokens, allows two open streams per principal and CORS for
     one origin."""
-    server = Api(redis_server.url, models_file=models_file, sse_heartbeat=1, auth="tokens", max_streams=2,
-                 cors_origins=SECURE_CORS_ORIGIN)
-    server.start()
-    yield server
-    server.stop()
+    server: Api = await stack.get("secure_api")
+    return server
 
 
-# --- the same stack on a Redis Cluster, for the modules that use ``tests.backends`` ---------------
+@pytest_asyncio.fixture(scope="session")
+async def second_api(stack: Stack) -> Api:
+    server: Api = await stack.get("second_api")
+    return server
+
+
+@pytest_asyncio.fixture(scope="session")
+async def limited_api(stack: Stack) -> Api:
+    server: Api = await stack.get("limited_api")
+    return server
+
+
+@pytest_asyncio.fixture(scope="session")
+async def small_api(stack: Stack) -> Api:
+    server: Api = await stack.get("small_api")
+    return server
+
+
+@pytest_asyncio.fixture(scope="session")
+async def tenant_api(stack: Stack) -> Api:
+    server: Api = await stack.get("tenant_api")
+    return server
+
+
+@pytest_asyncio.fixture(scope="session")
+async def smollm2_worker(stack: Stack) -> Worker:
+    worker: Worker = await stack.get("smollm2_worker")
+    return worker
+
+
+@pytest_asyncio.fixture(scope="session")
+async def fair_worker(stack: Stack) -> Worker:
+    worker: Worker = await stack.get("fair_worker")
+    return worker
 
 
 @pytest.fixture(scope="session")
@@ -218,39 +361,27 @@ def _cluster_service(cluster: LocalCluster) -> dict[str, Any]:
 
 
 @pytest_asyncio.fixture(scope="session")
-async def cluster_tiny_worker(redis_cluster: LocalCluster, models_file: str) -> AsyncIterator[Worker]:
-    settings = _cluster_service(redis_cluster)
-    worker = Worker(settings.pop("redis_url"), ["tiny-random"], models_file=models_file, **settings)
-    async with running(worker):
-        yield worker
+async def cluster_tiny_worker(stack: Stack) -> Worker:
+    worker: Worker = await stack.get("cluster_tiny_worker")
+    return worker
 
 
 @pytest_asyncio.fixture(scope="session")
-async def cluster_eager_worker(redis_cluster: LocalCluster, models_file: str) -> AsyncIterator[Worker]:
-    settings = _cluster_service(redis_cluster)
-    worker = Worker(settings.pop("redis_url"), ["tiny-eager"], models_file=models_file, event_flush_interval=0,
-                    **settings)
-    async with running(worker):
-        yield worker
+async def cluster_eager_worker(stack: Stack) -> Worker:
+    worker: Worker = await stack.get("cluster_eager_worker")
+    return worker
 
 
-@pytest.fixture(scope="session")
-def cluster_api(redis_cluster: LocalCluster, models_file: str) -> Iterator[Api]:
-    settings = _cluster_service(redis_cluster)
-    server = Api(settings.pop("redis_url"), models_file=models_file, sse_heartbeat=1, **settings)
-    server.start()
-    yield server
-    server.stop()
+@pytest_asyncio.fixture(scope="session")
+async def cluster_api(stack: Stack) -> Api:
+    server: Api = await stack.get("cluster_api")
+    return server
 
 
-@pytest.fixture(scope="session")
-def cluster_secure_api(redis_cluster: LocalCluster, models_file: str) -> Iterator[Api]:
-    settings = _cluster_service(redis_cluster)
-    server = Api(settings.pop("redis_url"), models_file=models_file, sse_heartbeat=1, auth="tokens", max_streams=2,
-                 cors_origins=SECURE_CORS_ORIGIN, **settings)
-    server.start()
-    yield server
-    server.stop()
+@pytest_asyncio.fixture(scope="session")
+async def cluster_secure_api(stack: Stack) -> Api:
+    server: Api = await stack.get("cluster_secure_api")
+    return server
 
 
 @pytest_asyncio.fixture

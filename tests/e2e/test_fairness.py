@@ -1,42 +1,27 @@
 """Fair share between principals, on real processes (docs/queue.md, "Fair share between principals").
 
-``tiny-fair`` runs four tasks at a time on this module's worker; principals are bearer tokens of
-the session's ``secure_api`` (and, for the quotas, a second API process on the same Redis).
+``tiny-fair`` runs four tasks at a time on the session's ``fair_worker``; principals are bearer tokens of
+the session's ``secure_api`` (and, for the quotas, its ``second_api``: a second API process on the same Redis).
 """
 
 import asyncio
 import itertools
 import statistics
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
 import httpx
-import pytest
 import pytest_asyncio
 import redis.asyncio as aioredis
 
 from lmsp_core.store import keys, metrics
 from lmsp_core.store.tenants import principals
 from lmsp_core.store.tenants.principals import PrincipalSettings
-from tests.support import Api, RedisServer, TokenFactory, Worker, assert_problem, bearer, body, running, wait_for
+from tests.support import Api, TokenFactory, Worker, assert_problem, bearer, body, wait_for
 
 MODEL = "tiny-fair"
 SLOTS = 4
 TOKENS = 48  # output tokens of every task: a task lasts a fraction of a second here
-
-
-@pytest_asyncio.fixture(scope="module")
-async def fair_worker(redis_server: RedisServer, models_file: str) -> AsyncIterator[Worker]:
-    async with running(Worker(redis_server.url, [MODEL], models_file=models_file)) as worker:
-        yield worker
-
-
-@pytest.fixture(scope="module")
-def second_api(redis_server: RedisServer, models_file: str) -> Iterator[Api]:
-    server = Api(redis_server.url, models_file=models_file, auth="tokens")
-    server.start()
-    yield server
-    server.stop()
 
 
 @pytest_asyncio.fixture

@@ -1,7 +1,7 @@
 """OpenAI's Files API (``/v1/files``) with the official ``openai`` package: uploads of batch input
 files, retrieval, listing, content, deletion, ownership, and the limits on what an upload holds."""
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
 import httpx
 import msgspec
@@ -13,10 +13,7 @@ import redis.asyncio as aioredis
 from lmsp_core.settings import Settings
 from lmsp_core.store import keys
 from lmsp_core.store.objects.files import CHUNK_BYTES, FileStore
-from tests.support import Api, RedisServer, TokenFactory
-
-SMALL_MAX_BYTES = 4096
-SMALL_MAX_LINES = 3
+from tests.support import Api, TokenFactory
 
 
 def jsonl(count: int, padding: int = 0) -> bytes:
@@ -40,16 +37,6 @@ async def tenants(secure_api: Api, make_token: TokenFactory) -> AsyncIterator[tu
     finally:
         for each in clients:
             await each.close()
-
-
-@pytest.fixture(scope="module")
-def small_api(redis_server: RedisServer, models_file: str) -> Iterator[Api]:
-    """An API that takes files of a few KiB and batches of three requests."""
-    server = Api(redis_server.url, models_file=models_file, max_file_bytes=SMALL_MAX_BYTES,
-                 max_batch_lines=SMALL_MAX_LINES)
-    server.start()
-    yield server
-    server.stop()
 
 
 async def test_a_file_round_trip(sdk: openai.AsyncOpenAI) -> None:
@@ -137,14 +124,16 @@ async def test_uploads_are_checked(sdk: openai.AsyncOpenAI) -> None:
 
 
 async def test_the_limits_of_an_upload(small_api: Api) -> None:
+    """The session's ``small_api``: files of a few KiB, batches of three requests."""
+    max_bytes, max_lines = int(small_api.env["LMSP_MAX_FILE_BYTES"]), int(small_api.env["LMSP_MAX_BATCH_LINES"])
     async with client(small_api) as sdk:
-        accepted = await sdk.files.create(file=("a.jsonl", jsonl(SMALL_MAX_LINES)), purpose="batch")
-        assert accepted.bytes == len(jsonl(SMALL_MAX_LINES))
+        accepted = await sdk.files.create(file=("a.jsonl", jsonl(max_lines)), purpose="batch")
+        assert accepted.bytes == len(jsonl(max_lines))
         with pytest.raises(openai.BadRequestError) as lines:
-            await sdk.files.create(file=("a.jsonl", jsonl(SMALL_MAX_LINES + 1)), purpose="batch")
+            await sdk.files.create(file=("a.jsonl", jsonl(max_lines + 1)), purpose="batch")
         assert lines.value.code == "too_many_lines"
         # just over the file limit (the form around it is within the body's), then far over the body's
-        for size in (SMALL_MAX_BYTES + 1, 256 * 1024):
+        for size in (max_bytes + 1, 256 * 1024):
             with pytest.raises(openai.APIStatusError) as large:
                 await sdk.files.create(file=("a.jsonl", b"{}" + b" " * (size - 3) + b"\n"), purpose="batch")
             assert large.value.status_code == 413 and large.value.code == "file_too_large", size

@@ -42,15 +42,6 @@ async def test_queue_depth_per_model(client: httpx.AsyncClient, redis: aioredis.
     assert (await client.post("/lmsp/v1/responses", json=body(max_output_tokens=1))).status_code == 200
 
 
-@pytest.fixture(scope="module")
-def limited_api(redis_server: RedisServer, models_file: str) -> Iterator[Api]:
-    server = Api(redis_server.url, models_file=models_file, auth="tokens", rate_limit=5, rate_window=60,
-                 max_body_bytes=4096)
-    server.start()
-    yield server
-    server.stop()
-
-
 async def test_rate_per_principal(limited_api: Api, tiny_worker: Worker, make_token: TokenFactory) -> None:
     busy, _ = await make_token()
     calm, _ = await make_token()

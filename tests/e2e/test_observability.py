@@ -2,7 +2,6 @@
 
 import asyncio
 import time
-from collections.abc import Iterator
 from contextlib import aclosing
 from typing import Any
 
@@ -12,7 +11,7 @@ from openapi_spec_validator import validate
 from prometheus_client.parser import text_string_to_metric_families
 
 from lmsp_core import wire
-from tests.support import Api, RedisServer, TokenFactory, Worker, bearer, body, sse_events, wait_for
+from tests.support import Api, TokenFactory, Worker, bearer, body, sse_events, wait_for
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
@@ -86,15 +85,6 @@ async def test_queue_depth_open_streams_and_status(client: httpx.AsyncClient) ->
                                                                                   kind="task"):
         assert time.monotonic() < deadline
         await asyncio.sleep(0.1)
-
-
-@pytest.fixture
-def tenant_api(redis_server: RedisServer, models_file: str) -> Iterator[Api]:
-    """An API with bearer tokens that names every principal: the session's tests make more principals
-    than the default cap (LMSP_METRICS_PRINCIPALS), whose ranking tests/unit/test_principal_metrics.py checks."""
-    server = Api(redis_server.url, models_file=models_file, auth="tokens", metrics_principals=100_000).start()
-    yield server
-    server.stop()
 
 
 async def test_each_principal_shows_in_the_status_and_metrics(tenant_api: Api, tiny_worker: Worker,

@@ -12,7 +12,7 @@ import pytest_asyncio
 import redis.asyncio as aioredis
 
 from lmsp_core import wire
-from tests.support import Api, RedisServer, Worker, as_input, collect, render, user_input
+from tests.support import Api, Worker, as_input, collect, render, user_input
 
 pytestmark = pytest.mark.smollm2
 
@@ -32,15 +32,9 @@ EXAMPLE: dict[str, Any] = {
 
 
 @pytest_asyncio.fixture(scope="module")
-async def smol(redis_server: RedisServer, api: Api, models_file: str) -> AsyncIterator[httpx.AsyncClient]:
-    worker = Worker(redis_server.url, [MODEL], models_file=models_file)  # uncompiled (conftest)
-    worker.start()
-    try:
-        await worker.ready(timeout=300)
-        async with httpx.AsyncClient(base_url=api.url, timeout=300) as http:
-            yield http
-    finally:
-        worker.stop()
+async def smol(api: Api, smollm2_worker: Worker) -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(base_url=api.url, timeout=300) as http:
+        yield http
 
 
 async def test_the_6_1_example_gets_a_6_2_response(smol: httpx.AsyncClient) -> None:

@@ -39,7 +39,18 @@ from tests.support.openresponses import RESPONSE_RESOURCE, event_problems, resou
 from tests.support.problems import PROBLEM, assert_problem
 from tests.support.redisservers import RedisServer, SentinelServer, redis_binary
 from tests.support.requests import as_input, body, user_input
-from tests.support.services import ROOT, SECURE_CORS_ORIGIN, Api, Service, Worker, running, service_env
+from tests.support.services import (
+    ROOT,
+    SECURE_CORS_ORIGIN,
+    Api,
+    Service,
+    Worker,
+    all_running,
+    running,
+    service_env,
+    start_all,
+    stop_all,
+)
 from tests.support.sse import SseEvent, assert_complete_log, collect, logged, sse_events
 from tests.support.tasks import final_status, task_of_response, tasks_of
 from tests.support.tokens import OPENAI_ROUTES, TokenFactory, bearer
@@ -49,10 +60,11 @@ from tests.support.webhooks import Received, Receiver
 
 __all__ = [
     "CHAT", "CITIES", "OPENAI_ROUTES", "PARAMETERS", "PROBLEM", "REASONING_BUDGET", "REASONING_TEMPLATE",
-    "RESPONSE_RESOURCE", "ROOT", "SCHEMAS", "SECURE_CORS_ORIGIN", "TINY_LLAMA", "TOOLS", "Api", "Received", "Receiver",
-    "RedisServer", "SentinelServer", "Service", "SseEvent", "TokenFactory", "Worker", "as_input", "assert_complete_log",
-    "assert_problem", "assert_valid_calls", "batch_lines", "bearer", "body", "chat_line", "collect", "event_problems",
-    "final_status", "free_port", "hf_cache", "jsonl", "logged", "redis_binary", "render", "resource_problems",
-    "run_batch", "run_lmsp", "running", "service_env", "sse_events", "task_of_response", "tasks_of", "tiny_model_dir",
-    "tiny_spec", "until_final", "user_input", "wait_for", "wait_port",
+    "RESPONSE_RESOURCE", "ROOT", "SCHEMAS", "SECURE_CORS_ORIGIN", "TINY_LLAMA", "TOOLS", "Api", "Received",
+    "Receiver", "RedisServer", "SentinelServer", "Service", "SseEvent", "TokenFactory", "Worker", "all_running",
+    "as_input", "assert_complete_log", "assert_problem", "assert_valid_calls", "batch_lines", "bearer", "body",
+    "chat_line", "collect", "event_problems", "final_status", "free_port", "hf_cache", "jsonl", "logged",
+    "redis_binary", "render", "resource_problems", "run_batch", "run_lmsp", "running", "service_env", "sse_events",
+    "start_all", "stop_all", "task_of_response", "tasks_of", "tiny_model_dir", "tiny_spec", "until_final",
+    "user_input", "wait_for", "wait_port",
 ]

@@ -31,6 +31,7 @@ class Service:
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> "Service":
+        """Start the process without waiting for it to serve (``Api.start`` waits; see ``ready``)."""
         with open(self.log, "ab") as log:
             self.process = subprocess.Popen([sys.executable, "-m", "lmsp.cli", *self.args], env=self.env,
                                             stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
@@ -96,6 +97,28 @@ class Api(Service):
         wait_port(self.port)
         return self
 
+    async def ready(self, timeout: float = 120) -> "Api":
+        """Wait until the process (started with ``Service.start``) listens on its port."""
+        assert self.process is not None
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"api exited:\n{self.output()[-3000:]}")
+            if await _listens(self.port):
+                return self
+            await asyncio.sleep(0.05)
+        raise TimeoutError(f"api not listening:\n{self.output()[-3000:]}")
+
+
+async def _listens(port: int) -> bool:
+    try:
+        _, writer = await asyncio.open_connection("127.0.0.1", port)
+    except OSError:
+        return False
+    writer.close()
+    await writer.wait_closed()
+    return True
+
 
 class Worker(Service):
     def __init__(self, redis_url: str, models: list[str], **settings: Any) -> None:
@@ -123,11 +146,34 @@ class Worker(Service):
         raise TimeoutError(f"worker not ready:\n{self.output()[-3000:]}")
 
 
+async def start_all(*services: Api | Worker, timeout: float = 120) -> None:
+    """Start the processes at once and wait until each is ready: a start is mostly its imports (torch
+    for a worker), so starts side by side overlap on the cores instead of queueing."""
+    for service in services:
+        Service.start(service)
+    await asyncio.gather(*(service.ready(timeout) for service in services))
+
+
+def stop_all(*services: Service) -> None:
+    """Ask every process to stop at once, then wait for each."""
+    for service in services:
+        service.terminate()
+    for service in services:
+        service.stop()
+
+
 @contextlib.asynccontextmanager
 async def running(worker: Worker) -> AsyncIterator[Worker]:
     """The worker started and ready; stopped on the way out."""
-    worker.start()
+    async with all_running(worker):
+        yield worker
+
+
+@contextlib.asynccontextmanager
+async def all_running(*services: Api | Worker) -> AsyncIterator[None]:
+    """The processes started side by side and ready; all stopped on the way out."""
     try:
-        yield await worker.ready()
+        await start_all(*services)
+        yield
     finally:
-        worker.stop()
+        stop_all(*services)

@@ -12,7 +12,18 @@ import httpx
 from lmsp_core import wire
 from lmsp_core.settings import load_settings
 from lmsp_core.store import connections, keys
-from tests.support import Api, RedisServer, SseEvent, Worker, collect, logged, sse_events, tiny_spec
+from tests.support import (
+    Api,
+    RedisServer,
+    SseEvent,
+    Worker,
+    collect,
+    logged,
+    sse_events,
+    start_all,
+    stop_all,
+    tiny_spec,
+)
 
 if TYPE_CHECKING:
     from tests.rediscluster import LocalCluster
@@ -62,12 +73,11 @@ class Group:
 
     @classmethod
     async def start(cls, redis: "AnyRedis", apis: list[Api], workers: list[Worker]) -> "Group":
-        for worker in workers:
-            worker.start()
-        for api in apis:
-            api.start()
-        for worker in workers:
-            await worker.ready()
+        try:
+            await start_all(*workers, *apis)  # side by side
+        except BaseException:
+            stop_all(*apis, *workers)
+            raise
         return cls(redis, apis, workers)
 
     async def close(self) -> None:

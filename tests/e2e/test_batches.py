@@ -16,11 +16,11 @@ from tests.support import (
     Api,
     RedisServer,
     Worker,
+    all_running,
     batch_lines,
     chat_line,
     jsonl,
     run_batch,
-    running,
     until_final,
     wait_for,
 )
@@ -139,12 +139,10 @@ async def test_refusals(sdk: openai.AsyncOpenAI) -> None:
 @pytest_asyncio.fixture
 async def doomed(redis_server: RedisServer, models_file: str) -> AsyncIterator[tuple[Api, Worker]]:
     """An API process and a worker of tiny-random, both to be killed (the session's go on)."""
-    api = Api(redis_server.url, models_file=models_file).start()
-    try:
-        async with running(Worker(redis_server.url, ["tiny-random"], models_file=models_file, lease_ttl=1.5)) as worker:
-            yield api, worker
-    finally:
-        api.stop()
+    api = Api(redis_server.url, models_file=models_file)
+    worker = Worker(redis_server.url, ["tiny-random"], models_file=models_file, lease_ttl=1.5)
+    async with all_running(api, worker):  # side by side
+        yield api, worker
 
 
 async def test_a_batch_outlives_a_killed_worker_and_api(doomed: tuple[Api, Worker], api: Api,

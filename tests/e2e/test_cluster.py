@@ -25,6 +25,8 @@ from tests.support import (
     collect,
     logged,
     sse_events,
+    start_all,
+    stop_all,
 )
 
 RETENTION = 3
@@ -42,20 +44,16 @@ async def cluster(models_file: str, request: pytest.FixtureRequest) -> AsyncIter
     await asyncio.to_thread(redis.start)
     url, where = redis.settings["redis_url"], {k: v for k, v in redis.settings.items() if k != "redis_url"}
     settings = {"models_file": models_file, "event_retention": RETENTION, **where}
-    apis = [Api(url, **settings).start() for _ in range(2)]
+    apis = [Api(url, **settings) for _ in range(2)]
     # tiny-serial runs one task at a time on each worker (test_both_workers_take_tasks)
     workers = [Worker(url, ["tiny-random", "tiny-serial"], **settings) for _ in range(2)]
-    for worker in workers:
-        worker.start()
     try:
-        for worker in workers:
-            await worker.ready()
+        await start_all(*apis, *workers)  # side by side
         async with httpx.AsyncClient(base_url=apis[0].url, timeout=60) as a, \
                 httpx.AsyncClient(base_url=apis[1].url, timeout=60) as b:
             yield Cluster(a, b, redis, workers)
     finally:
-        for process in [*apis, *workers]:
-            process.stop()
+        stop_all(*apis, *workers)
         redis.cleanup()
 
 

@@ -57,10 +57,9 @@ async def _children(redis: aioredis.Redis, supervisor: int, count: int, exclude:
     raise TimeoutError(f"expected {count} workers of supervisor {supervisor}")
 
 
-async def test_one_worker_per_gpu_on_shared_queues(redis_server: RedisServer, models_file: str) -> None:
+async def test_one_worker_per_gpu_on_shared_queues(redis_server: RedisServer, models_file: str, api: Api) -> None:
     url = redis_server.url
     redis = aioredis.Redis.from_url(url)
-    api = Api(url, models_file=models_file).start()
     # a model only these workers serve, so that no other worker of the session takes its tasks
     supervisor = Service(["worker", "--gpus", "0,1", "--model", "tiny-pinned"],
                          service_env(url, models_file=models_file), "gpus").start()
@@ -94,5 +93,4 @@ async def test_one_worker_per_gpu_on_shared_queues(redis_server: RedisServer, mo
         assert not [pid for pid in alive if Path(f"/proc/{pid}").exists() and _parent(pid) == supervisor.process.pid]
     finally:
         supervisor.stop()
-        api.stop()
         await redis.aclose()

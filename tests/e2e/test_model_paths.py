@@ -16,7 +16,7 @@ import pytest_asyncio
 from lmsp_core.requests import modelfiles
 from lmsp_core.requests.catalog import SMOLLM2
 from lmsp_core.settings import load_settings
-from tests.support import ROOT, Api, RedisServer, Worker, body, hf_cache, tiny_model_dir
+from tests.support import ROOT, Api, RedisServer, Worker, body, hf_cache, start_all, tiny_model_dir
 
 CACHE = Path(load_settings().model_cache)
 REPO = "test-org/tiny-chat"  # as huggingface_hub's cache holds it, never asked of the Hub
@@ -45,9 +45,7 @@ async def hub_model(redis_server: RedisServer, hub: dict[str, str]) -> AsyncIter
     for process in (worker, api):
         process.env |= hub
     try:
-        api.start()
-        worker.start()
-        await worker.ready()
+        await start_all(worker, api)  # side by side
         yield api.url
     finally:
         worker.stop()
@@ -96,9 +94,7 @@ async def test_a_model_directory_serves_with_the_flags_over_its_files(redis_serv
     worker.args += flags
     api.args += flags
     try:
-        api.start()
-        worker.start()
-        await worker.ready(timeout=300)
+        await start_all(worker, api, timeout=300)  # side by side
         async with httpx.AsyncClient(base_url=api.url, timeout=120) as client:
             model = (await client.get("/lmsp/v1/models/smol-dir")).json()
             assert (model["status"], model["context_window"]) == ("available", 4096), model
@@ -163,9 +159,7 @@ async def test_a_k_quant_gguf_file_serves_on_its_blocks(redis_server: RedisServe
     worker.args += flags
     api.args += flags
     try:
-        api.start()
-        worker.start()
-        await worker.ready(timeout=300)
+        await start_all(worker, api, timeout=300)  # side by side
         async with httpx.AsyncClient(base_url=api.url, timeout=120) as client:
             response = await client.post("/lmsp/v1/responses", json=body(
                 "tiny-q4_k_m", "Hello", max_output_tokens=8, temperature=0))

@@ -27,6 +27,7 @@ from tests.support import (
     RedisServer,
     TokenFactory,
     Worker,
+    all_running,
     assert_problem,
     batch_lines,
     bearer,
@@ -34,7 +35,6 @@ from tests.support import (
     chat_line,
     run_batch,
     run_lmsp,
-    running,
     service_env,
     until_final,
     wait_for,
@@ -53,17 +53,22 @@ def hooks_redis() -> Iterator[RedisServer]:
 
 
 @pytest_asyncio.fixture(scope="module")
-async def hooks_worker(hooks_redis: RedisServer, models_file: str) -> AsyncIterator[Worker]:
-    async with running(Worker(hooks_redis.url, ["tiny-random"], models_file=models_file)) as worker:
-        yield worker
+async def hooks(hooks_redis: RedisServer, models_file: str) -> AsyncIterator[tuple[Api, Worker]]:
+    """The module's API and worker, started side by side."""
+    api = Api(hooks_redis.url, models_file=models_file, **HOOKS)
+    worker = Worker(hooks_redis.url, ["tiny-random"], models_file=models_file)
+    async with all_running(api, worker):
+        yield api, worker
 
 
 @pytest.fixture(scope="module")
-def hooks_api(hooks_redis: RedisServer, models_file: str) -> Iterator[Api]:
-    server = Api(hooks_redis.url, models_file=models_file, **HOOKS)
-    server.start()
-    yield server
-    server.stop()
+def hooks_worker(hooks: tuple[Api, Worker]) -> Worker:
+    return hooks[1]
+
+
+@pytest.fixture(scope="module")
+def hooks_api(hooks: tuple[Api, Worker]) -> Api:
+    return hooks[0]
 
 
 @pytest_asyncio.fixture
@@ -164,19 +169,17 @@ async def test_a_batch_outlives_a_killed_worker_and_api_and_its_webhook_arrives(
     """Issue 43's fault proof on one Redis: the worker and the API that made the batch are killed
     mid-batch; every line ends once, and batch.completed reaches the receiver, each copy with the
     same webhook-id."""
-    doomed_api = Api(hooks_redis.url, models_file=models_file, **HOOKS).start()
+    doomed_api = Api(hooks_redis.url, models_file=models_file, **HOOKS)
+    doomed = Worker(hooks_redis.url, ["tiny-random"], models_file=models_file, lease_ttl=1.5)
     lines = [chat_line(f"k-{n}", "Tell me about the sea", tokens=40) for n in range(100)]
-    try:
-        async with running(Worker(hooks_redis.url, ["tiny-random"], models_file=models_file, lease_ttl=1.5)) as doomed:
-            async with httpx.AsyncClient(base_url=doomed_api.url, timeout=60) as client:
-                endpoint = await create(client, receiver.url, ["batch.completed"])
-            async with openai.AsyncOpenAI(base_url=f"{doomed_api.url}/v1", api_key="unused", max_retries=0) as sdk:
-                _, batch = await run_batch(sdk, lines)
-                await wait_for(lambda: _lines_done(sdk, batch.id, 5), what="some lines to end")
-            doomed.kill()
-            doomed_api.kill()
-    finally:
-        doomed_api.stop()
+    async with all_running(doomed_api, doomed):
+        async with httpx.AsyncClient(base_url=doomed_api.url, timeout=60) as client:
+            endpoint = await create(client, receiver.url, ["batch.completed"])
+        async with openai.AsyncOpenAI(base_url=f"{doomed_api.url}/v1", api_key="unused", max_retries=0) as sdk:
+            _, batch = await run_batch(sdk, lines)
+            await wait_for(lambda: _lines_done(sdk, batch.id, 5), what="some lines to end")
+        doomed.kill()
+        doomed_api.kill()
     async with openai.AsyncOpenAI(base_url=f"{hooks_api.url}/v1", api_key="unused", max_retries=0) as sdk:
         done = await until_final(sdk, batch.id)
         output, errors = await batch_lines(sdk, done.output_file_id), await batch_lines(sdk, done.error_file_id)

@@ -9,7 +9,6 @@ than starting its own. Tests that break things (kill a worker, restart Redis) ma
 processes instead.
 """
 
-import asyncio
 import json
 import tempfile
 from collections.abc import AsyncIterator, Iterator
@@ -35,6 +34,7 @@ from tests.support import (
     Service,
     TokenFactory,
     Worker,
+    ready_all,
     stop_all,
     tiny_spec,
 )
@@ -238,7 +238,7 @@ class Stack:
         for service in clustered.values():
             Service.start(service)
         self.processes.update(clustered)
-        await asyncio.gather(*(service.ready(timeout=300) for service in self.processes.values()))
+        await ready_all(*self.processes.values(), timeout=300)
 
     async def get(self, name: str) -> Any:
         if name not in self.processes:

@@ -46,6 +46,7 @@ from tests.support.services import (
     Service,
     Worker,
     all_running,
+    ready_all,
     running,
     service_env,
     start_all,
@@ -64,7 +65,7 @@ __all__ = [
     "Receiver", "RedisServer", "SentinelServer", "Service", "SseEvent", "TokenFactory", "Worker", "all_running",
     "as_input", "assert_complete_log", "assert_problem", "assert_valid_calls", "batch_lines", "bearer", "body",
     "chat_line", "collect", "event_problems", "final_status", "free_port", "hf_cache", "jsonl", "logged",
-    "redis_binary", "render", "resource_problems", "run_batch", "run_lmsp", "running", "service_env", "sse_events",
-    "start_all", "stop_all", "task_of_response", "tasks_of", "tiny_model_dir", "tiny_spec", "until_final",
-    "user_input", "wait_for", "wait_port",
+    "ready_all", "redis_binary", "render", "resource_problems", "run_batch", "run_lmsp", "running", "service_env",
+    "sse_events", "start_all", "stop_all", "task_of_response", "tasks_of", "tiny_model_dir", "tiny_spec",
+    "until_final", "user_input", "wait_for", "wait_port",
 ]

@@ -151,7 +151,18 @@ async def start_all(*services: Api | Worker, timeout: float = 120) -> None:
     for a worker), so starts side by side overlap on the cores instead of queueing."""
     for service in services:
         Service.start(service)
-    await asyncio.gather(*(service.ready(timeout) for service in services))
+    await ready_all(*services, timeout=timeout)
+
+
+async def ready_all(*services: Api | Worker, timeout: float = 120) -> None:
+    """Wait until each started process is ready; the first that fails ends the others' waits."""
+    waits = [asyncio.ensure_future(service.ready(timeout)) for service in services]
+    try:
+        await asyncio.gather(*waits)
+    finally:
+        for wait in waits:
+            wait.cancel()
+        await asyncio.gather(*waits, return_exceptions=True)
 
 
 def stop_all(*services: Service) -> None:

@@ -45,7 +45,7 @@ import pytest
 import pytest_asyncio
 from websockets.asyncio.client import ClientConnection, connect
 
-from tests.support import Api, RedisServer, Worker, collect, event_problems, resource_problems
+from tests.support import Api, Worker, collect, event_problems, resource_problems
 
 pytestmark = pytest.mark.smollm2
 
@@ -93,14 +93,9 @@ WEB_SEARCH = {"input": "Find the most relevant cached result for OpenResponses."
 
 
 @pytest_asyncio.fixture(scope="module")
-async def smol(redis_server: RedisServer, api: Api, models_file: str) -> AsyncIterator[Api]:
-    worker = Worker(redis_server.url, [MODEL], models_file=models_file)  # uncompiled (conftest)
-    worker.start()
-    try:
-        await worker.ready(timeout=300)
-        yield api
-    finally:
-        worker.stop()
+async def smol(api: Api, smollm2_worker: Worker) -> AsyncIterator[Api]:
+    """The session's API, with its SmolLM2 worker (uncompiled: conftest) ready."""
+    yield api
 
 
 class Transport:

@@ -96,6 +96,12 @@ RESPONSES_REQUESTS = [
                                             "required": ["city"]})])),
 ]
 INPUT_TOKENS = oa.InputTokens(input_tokens=19)
+_MESSAGE = {"type": "message", "role": "user", "content": "Describe a local model service."}
+CONVERSATION_REQUESTS = [doc.example("A conversation with its first message", oc.ConversationCreate(
+    items=[_MESSAGE], metadata={"topic": "services"}))]
+CONVERSATION_UPDATES = [doc.example("New metadata", oc.ConversationUpdate(metadata={"topic": "local models"}))]
+ITEMS_REQUESTS = [doc.example("A user message", oc.ItemsCreate(items=[_MESSAGE]))]
+
 INPUT_TOKENS_REQUESTS = [
     doc.example("A prompt with instructions", rq.InputTokensRequest(
         model=doc.MODEL, input="Describe a local model service.", instructions="Answer briefly.")),

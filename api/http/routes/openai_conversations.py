@@ -12,7 +12,7 @@ from typing import Annotated, Any
 
 import msgspec
 from litestar import Controller, Response, delete, get, post
-from litestar.params import Parameter
+from litestar.params import Body, Parameter
 
 from api.http.openapi import openai as docs
 from api.openai import PREFIX
@@ -55,7 +55,9 @@ class OpenAIConversationsController(Controller):
                      **docs.errors(*docs.COMMON_ERRORS, "unsupported_parameter", "unsupported_value",
                                    "unsupported_content_type", "object_above_max_properties",
                                    "string_above_max_length")})
-    async def create_conversation(self, data: oc.ConversationCreate, services: Services, owner: str) -> Response[Any]:
+    async def create_conversation(self,
+                                  data: Annotated[oc.ConversationCreate, Body(examples=docs.CONVERSATION_REQUESTS)],
+                                  services: Services, owner: str) -> Response[Any]:
         items = oc.new_items(data.items)
         record = await services.conversation_objects.create(owner, int(time.time()), oc.metadata(data.metadata),
                                                             items)
@@ -75,8 +77,9 @@ class OpenAIConversationsController(Controller):
           responses={200: docs.ok(oc.Conversation, "The conversation", docs.CONVERSATION),
                      **docs.errors(*_ERRORS, "unsupported_parameter", "object_above_max_properties",
                                    "string_above_max_length")})
-    async def update_conversation(self, conversation_id: str, data: oc.ConversationUpdate, services: Services,
-                                  owner: str) -> Response[Any]:
+    async def update_conversation(self, conversation_id: str,
+                                  data: Annotated[oc.ConversationUpdate, Body(examples=docs.CONVERSATION_UPDATES)],
+                                  services: Services, owner: str) -> Response[Any]:
         record = await services.conversation_objects.update(_checked(conversation_id), owner,
                                                             oc.metadata(data.metadata))
         return _json(oc.conversation_object(record))
@@ -118,8 +121,9 @@ class OpenAIConversationsController(Controller):
           responses={200: docs.ok(InputItemList, "The items added", docs.CONVERSATION_ITEMS),
                      **docs.errors(*_ERRORS, "unsupported_parameter", "unsupported_value",
                                    "unsupported_content_type")})
-    async def create_items(self, conversation_id: str, data: oc.ItemsCreate, services: Services, owner: str,
-                           include: _INCLUDE = None) -> Response[Any]:
+    async def create_items(self, conversation_id: str,
+                           data: Annotated[oc.ItemsCreate, Body(examples=docs.ITEMS_REQUESTS)], services: Services,
+                           owner: str, include: _INCLUDE = None) -> Response[Any]:
         oc.check_include(include)
         items = oc.new_items(data.items, required=True)
         store = services.conversation_objects

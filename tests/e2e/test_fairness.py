@@ -105,9 +105,9 @@ async def test_weights_share_tokens_two_to_one(
     await asyncio.sleep(3)  # both saturate; the measured minute starts now
     before = await _tokens(redis, heavy, light)
     deadline = time.monotonic() + 60
-    topping = [asyncio.create_task(_keep_queued(http, redis, token, queued[name], deadline))
-               for token, name in ((token_heavy, heavy), (token_light, light))]
-    await asyncio.gather(*topping)
+    async with asyncio.TaskGroup() as topping:  # a failure in one cancels the other
+        for token, name in ((token_heavy, heavy), (token_light, light)):
+            topping.create_task(_keep_queued(http, redis, token, queued[name], deadline))
     after = await _tokens(redis, heavy, light)
     got = [after[0] - before[0], after[1] - before[1]]
     assert got[1] > 1000, got

@@ -1,6 +1,8 @@
-"""Shared fixtures: one redis-server for the session and the processes on it, all started side by
-side when the first test needs one of them (``stack``): the APIs and workers that some collected test
-uses, and the same stack on a Redis Cluster for ``tests.backends``.
+"""Shared fixtures: one redis-server for the session and the processes on it, started side by side
+when the first test needs one of them (``stack``): the APIs and workers that some collected test
+uses, and the same stack on a Redis Cluster for ``tests.backends``. ``scripts/test`` runs three
+pytest processes (pytest-xdist), each a session: the tests of each stack run in one of them
+(``tests.sharing``).
 
 The shared API runs with ``LMSP_AUTH=none`` (loopback); ``secure_api`` is a second API process on
 the same Redis with bearer tokens, for the security tests; a few more serve a test file's settings
@@ -23,8 +25,9 @@ import pytest_asyncio
 import redis.asyncio as aioredis
 
 from lmsp_core.requests.catalog import SMOLLM2
-from tests import backends
+from tests import backends, sharing
 from tests.rediscluster import LocalCluster
+from tests.sharing import SINGLE, group, needed, process_group
 from tests.support import (
     REASONING_BUDGET,
     REASONING_TEMPLATE,
@@ -111,6 +114,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         kept = [item for item in items if item.get_closest_marker("fast")]
         config.hook.pytest_deselected(items=[item for item in items if not item.get_closest_marker("fast")])
         items[:] = kept
+    sharing.mark_groups(items)
 
 
 def _in_fast_tier(item: pytest.Item) -> bool:
@@ -182,34 +186,6 @@ def _process(name: str, redis_url: str, files: dict[str, str], **redis: Any) -> 
     return Worker(redis_url, [model], models_file=models, event_flush_interval=flush, **redis)
 
 
-SINGLE = ("api", "secure_api", "second_api", "limited_api", "small_api", "tenant_api", "tiny_worker",
-          "variant_worker", "eager_worker", "patient_worker", "fair_worker", "smollm2_worker")
-# the same stack on the Redis Cluster, for the modules that use ``tests.backends``
-ON_CLUSTER = ("api", "secure_api", "tiny_worker", "eager_worker")
-
-
-def _needed(items: list[pytest.Item]) -> set[str]:
-    """The session's processes (``SINGLE``'s names, ``cluster_`` before those on the cluster) and
-    ``redis_cluster`` that the run's tests use: directly, or through ``tests.backends``, whose
-    fixtures look the backend's stack up at run time."""
-    needed: set[str] = set()
-    for item in items:
-        names = set(getattr(item, "fixturenames", ()))
-        callspec = getattr(item, "callspec", None)
-        backend = callspec.params.get("backend") if callspec is not None else None
-        if backend is not None:
-            prefix = "" if backend == "redis" else "cluster_"
-            needed |= {f"{prefix}{name}" for name in ("api", "secure_api", "tiny_worker") if "served" in names}
-            needed |= {f"{prefix}eager_worker"} if "eager_worker" in names else set()
-            needed |= {"redis_cluster"} if backend == "cluster" else set()
-            names.discard("eager_worker")
-        names |= {"eager_worker"} if "single_eager_worker" in names else set()
-        needed |= names & ({*SINGLE, *(f"cluster_{name}" for name in ON_CLUSTER), "redis_cluster"})
-    if any(name.startswith("cluster_") for name in needed):
-        needed.add("redis_cluster")
-    return needed
-
-
 class Stack:
     """The session's processes by name; one that no collected test was seen to use starts when asked."""
 
@@ -241,8 +217,11 @@ class Stack:
         await ready_all(*self.processes.values(), timeout=300)
 
     async def get(self, name: str) -> Any:
+        """Process ``name``; if not yet started, with every one that the tests of its group use."""
         if name not in self.processes:
-            await self.start({name})
+            wanted = process_group(name)
+            items = [item for item in self.request.session.items if group(item) == wanted]
+            await self.start((needed(items) | {name}) - set(self.processes))
         return self.processes[name]
 
     def stop(self) -> None:
@@ -252,10 +231,10 @@ class Stack:
 @pytest_asyncio.fixture(scope="session")
 async def stack(request: pytest.FixtureRequest, redis_server: RedisServer, models_file: str,
                 variant_models_file: str) -> AsyncIterator[Stack]:
-    """Started by the first test that uses one of the session's processes: every one the run uses."""
+    """The session's processes, started by the first test of each group that uses one of them: every
+    one the group's tests use (one group on the single Redis, one on the cluster: ``tests.sharing``)."""
     processes = Stack(request, redis_server.url, {"models": models_file, "variant": variant_models_file})
     try:
-        await processes.start(_needed(request.session.items))
         yield processes
     finally:
         processes.stop()

@@ -12,7 +12,8 @@ async def _get(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, host:
     writer.write(f"GET /healthz HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
     await writer.drain()
     head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
-    length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length"))
+    lines = head.lower().split(b"\r\n")
+    length = next(int(line.split(b":")[1]) for line in lines if line.startswith(b"content-length"))
     await reader.readexactly(length)
     return head
 

@@ -223,9 +223,17 @@ class EventWriter:
                     await self._urgent.wait()
 
     async def flush(self) -> None:
+        """Send every pending batch. Where Redis lacked the append script (restarted, or a new server)
+        it is loaded and the batches go again at once: what was added before a flush is stored when
+        it returns, rather than joining what comes next."""
+        if await self._send():
+            await self._send()
+
+    async def _send(self) -> bool:
+        """One pipeline of every pending batch; True where Redis lacked the script (loaded since)."""
         sending = [(log, batch) for log in self._logs.values() for batch in log.batches]
         if not sending:
-            return
+            return False
         waits = await self._waits([log.owner.task_id for log, _ in sending])
         appends: list[Append] = []
         async with self.redis.pipeline(transaction=False) as pipe:
@@ -245,8 +253,9 @@ class EventWriter:
         acknowledged = [results.pop() for _ in waits]
         self._note_replicas(all(map(self._replicas.confirmed, acknowledged)) if waits else not self._replicas.wanted,
                             acknowledged)
-        if any(isinstance(result, NoScriptError) for result in results):
-            await self._store.load_script()  # a restarted Redis: those batches go again
+        missing = any(isinstance(result, NoScriptError) for result in results)
+        if missing:
+            await self._store.load_script()
         for (log, batch), append, result in zip(sending, appends, results, strict=True):
             self._settle(log, batch, result if isinstance(result, Exception) else reply_of(append, result))
         async with self._flushed:
@@ -254,6 +263,7 @@ class EventWriter:
         failed = next((r for r in results if isinstance(r, Exception) and not isinstance(r, NoScriptError)), None)
         if failed is not None:
             raise failed  # READONLY (a demoted primary behind a plain URL), OOM, ...: back off, then retry
+        return missing
 
     async def _waits(self, task_ids: list[str]) -> list[tuple[tuple[Any, ...], dict[str, Any]]]:
         """The WAITs that end the flush: one, or on a cluster one for each shard written to."""

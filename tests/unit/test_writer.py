@@ -55,6 +55,25 @@ async def test_appends_survive_a_redis_that_lost_its_scripts(redis: aioredis.Red
         flushing.cancel()
 
 
+async def test_a_flush_that_meets_a_redis_without_its_script_stores_before_it_returns(
+        redis: aioredis.Redis, store: TaskStore, settings: Settings, model: str) -> None:
+    """Each flush's batch is stored when the flush returns, also the first after the scripts went: it
+    does not wait there to join the next delta."""
+    writer = EventWriter(redis, settings)
+    record = await new_task(store, model)
+    await claimed(store, record, "a")
+    run = Run(record, "a")
+    writer.open(run, 0, 0)
+    for index, text in enumerate("abc"):
+        if index == 1:
+            await redis.script_flush()
+        _write(writer, run, record, text, [index])
+        await writer.flush()
+        assert not writer.unsent(record.id)
+    assert await _texts(redis, record) == [(1, "a"), (2, "b"), (3, "c")]
+    assert await read_tokens(redis, record.id) == (0, 1, 2)
+
+
 async def test_a_closed_log_drops_what_its_run_adds_later(redis: aioredis.Redis, store: TaskStore,
                                                           settings: Settings, model: str) -> None:
     """A fenced run's engine step that was under way still delivers tokens after the writer closed

@@ -83,8 +83,9 @@ async def test_a_second_tenant_starts_within_a_wave_of_a_backlog(
     a_rows = [row for row in await times(redis, backlog) if "finished_at" in row]
     wave = statistics.median(row["finished_at"] - row["started_at"] for row in a_rows)  # one task's run
     waits = [row["started_at"] - row["created_at"] for row in b_rows]
-    # B's five start within about one wave of A's running tasks, not after A's backlog of ~480
-    assert max(waits) <= 1.5 * wave + 0.5, (waits, wave)
+    # B's five start within a few waves of A's running tasks, not after A's backlog of ~480 (about 120
+    # waves); waves vary while other test processes share the cores, hence three and a second
+    assert max(waits) <= 3 * wave + 1.0, (waits, wave)
     assert await _waiting(redis, backlog) > 300  # B did not wait for A's backlog
     # the four slots stayed busy while work waited, and A kept what B did not use
     start, end = min(r["started_at"] for r in b_rows), max(r["finished_at"] for r in b_rows)

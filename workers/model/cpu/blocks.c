@@ -76,7 +76,8 @@ typedef struct { uint16_t d, dmin; uint8_t scales[12]; uint8_t qs[QK_K / 2]; } b
 typedef struct { uint16_t d, dmin; uint8_t scales[12]; uint8_t qh[QK_K / 8]; uint8_t qs[QK_K / 2]; } block_q5_K;
 typedef struct { uint8_t ql[QK_K / 2]; uint8_t qh[QK_K / 4]; int8_t scales[QK_K / 16]; uint16_t d; } block_q6_K;
 /* the inputs, quantised: scales as float32, each rounded to float16 where llama.cpp holds it so */
-typedef struct { float d, s; int8_t qs[QK]; } act_q8;
+/* s: Q8_1's scale times the codes' sum; offset: Q8_0's, -16 times the codes' sum (avx2_q8_0 with VNNI) */
+typedef struct { float d; union { float s; int32_t offset; }; int8_t qs[QK]; } act_q8;
 /* bsums: the sums of each 16 codes (Q6_K's groups); sums32: of each 32 (Q4_K's and Q5_K's sub-blocks) */
 typedef struct { float d; int16_t bsums[QK_K / 16]; int16_t sums32[QK_K / 32]; int8_t qs[QK_K]; } act_q8_K;
 
@@ -213,7 +214,8 @@ static void quantize_q8(const float *x, int64_t k, act_q8 *y, int with_sum) {
             sum += q;
         }
         y[b].d = as_f16(d);
-        y[b].s = with_sum ? as_f16(d * (float)sum) : 0.0f;
+        if (with_sum) y[b].s = as_f16(d * (float)sum);
+        else y[b].offset = -16 * sum;
     }
 }
 
@@ -513,6 +515,16 @@ DEFINE_PLAIN_FOUR(plain_bf16_x4, plain_bf16, uint16_t)
 /* loops whose counts are constants, unrolled whole: their sums stay in registers */
 #define UNROLL _Pragma("GCC unroll 8")
 
+/* A product's weights come from memory, beyond the caches, and the hardware's prefetcher alone kept a row
+   of blocks well below memory's rate (docs/performance.md, "GGUF weights in their own blocks"): each
+   block's bytes FETCH_AHEAD further on are asked for while it is multiplied. */
+#define FETCH_AHEAD 2048
+
+INLINE void fetch_ahead(const void *block, int64_t bytes) {
+    for (int64_t offset = 0; offset < bytes; offset += 64)
+        _mm_prefetch((const char *)block + FETCH_AHEAD + offset, _MM_HINT_T0);
+}
+
 INLINE float hsum8(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -544,6 +556,7 @@ INLINE __m256i dot_signed(__m256i w, __m256i a) {
    memory delivers a Q8_0 row at one thread */
 #define Q8_FAMILY_BLOCK(BLOCK, CODES, DOT, MIN, ACC)                                                    \
     {                                                                                                 \
+        fetch_ahead(b + i, sizeof(BLOCK));                                                            \
         __m256i codes = CODES;                                                                        \
         float d = f16_to_f32(b[i].d);                                                                 \
         for (int r = 0; r < nx; r++) {                                                                \
@@ -591,7 +604,18 @@ DEFINE_Q8_FAMILY(avx2_q5_0, block_q5_0,
 DEFINE_Q8_FAMILY(avx2_q5_1, block_q5_1,
                  _mm256_or_si256(nibbles32(b[i].qs), _mm256_and_si256(bytes_of_bits(b[i].qh), _mm256_set1_epi8(0x10))),
                  dot_unsigned, mins[r] += f16_to_f32(b[i].m) * a->s)
+#if BLOCKS_VNNI
+/* Q8_0's signed codes as unsigned ones 128 above, so that vpdpbusd takes them without moving their signs
+   onto the inputs (a sixth of a compute-bound product's instructions): each sum of products starts from
+   -128 times the input's codes' sum, spread over its 8 lanes. Without VNNI, maddubs' 16-bit pairs would
+   overflow. */
+#define DOT_Q8_0(codes, inputs) _mm256_dpbusd_epi32(_mm256_set1_epi32(a->offset), codes, inputs)
+DEFINE_Q8_FAMILY(avx2_q8_0, block_q8_0,
+                 _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)b[i].qs), _mm256_set1_epi8((char)0x80)),
+                 DOT_Q8_0, (void)0)
+#else
 DEFINE_Q8_FAMILY(avx2_q8_0, block_q8_0, _mm256_loadu_si256((const __m256i *)b[i].qs), dot_signed, (void)0)
+#endif
 
 /* A Q4_K or Q5_K super-block's 6-bit scales and minimums as 16 int16: scales 0..7, then minimums 0..7. */
 INLINE __m256i scales_mins_k(const uint8_t *packed) {
@@ -626,6 +650,7 @@ INLINE __m128i mins_k(__m128i mins, const act_q8_K *a) {
         for (int r = 0; r < nx; r++) { acc[r] = _mm256_setzero_ps(); acc_m[r] = _mm_setzero_ps(); }    \
         const __m256i m4 = _mm256_set1_epi8(0x0F);                                                      \
         for (int64_t i = 0; i < nb; i++) {                                                              \
+            fetch_ahead(b + i, sizeof(BLOCK));                                                          \
             const float d = f16_to_f32(b[i].d), dmin = f16_to_f32(b[i].dmin);                           \
             const __m256i both = scales_mins_k(b[i].scales);                                            \
             const __m128i low128 = _mm256_castsi256_si128(both);                                        \
@@ -679,6 +704,7 @@ INLINE void avx2_q6_K_n(const void *w, const void *const *x, int nx, int64_t nb,
     for (int r = 0; r < nx; r++) acc[r] = _mm256_setzero_ps();
     const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(3);
     for (int64_t i = 0; i < nb; i++) {
+        fetch_ahead(b + i, sizeof(*b));
         const __m128i scales8 = _mm_loadu_si128((const __m128i *)b[i].scales);
         const __m256i scales16 = _mm256_cvtepi8_epi16(scales8);
         __m256i sums[ROWS_AT_ONCE];
@@ -752,6 +778,7 @@ INLINE void avx2_q4_K_x8_n(const void *w, const void *const *x, int nx, int64_t 
     for (int r = 0; r < nx; r++) { acc[r] = _mm256_setzero_ps(); acc_m[r] = _mm256_setzero_ps(); }
     const __m256i m4 = _mm256_set1_epi8(0x0F);
     for (int64_t i = 0; i < nb; i++) {
+        fetch_ahead(b + i, sizeof(*b));
         __m256i sums[4];
         for (int r = 0; r < nx; r++) sums[r] = _mm256_setzero_si256();
         for (int j = 0; j < 4; j++) {
@@ -819,6 +846,7 @@ INLINE void avx2_q6_K_x8_n(const void *w, const void *const *x, int nx, int64_t 
     for (int r = 0; r < nx; r++) acc[r] = _mm256_setzero_ps();
     const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
     for (int64_t i = 0; i < nb; i++) {
+        fetch_ahead(b + i, sizeof(*b));
         __m256i sums[4];
         for (int r = 0; r < nx; r++) sums[r] = _mm256_setzero_si256();
         for (int half = 0; half < 2; half++)

@@ -8,6 +8,8 @@ import copy
 import json
 import logging
 import os
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, cast
@@ -721,6 +723,32 @@ def test_the_cpu_precision_is_measured_once(tmp_path: Path, monkeypatch: pytest.
     assert sorted(map(str, measured)) == ["torch.bfloat16", "torch.float32"]
     assert precision.cpu_dtype(tmp_path) == first and len(measured) == 2  # read from the cache
     assert precision.cpu_signature() in (tmp_path / "precision.json").read_text()
+
+
+_MEASURE_IN_A_PROCESS = """
+import os, sys, time
+from pathlib import Path
+from workers.model import precision
+
+def measure() -> str:
+    with open(Path(sys.argv[1]) / "measured", "a") as log:
+        log.write(f"{os.getpid()}\\n")
+    time.sleep(2)  # longer than the other processes take to reach the lock
+    return str(os.getpid())
+
+print(precision._cached(Path(sys.argv[1]), "a signature", measure))
+"""
+
+
+def test_workers_starting_together_measure_once(tmp_path: Path) -> None:
+    """Three processes ask for the same figure at once: one measures, the others wait and read it."""
+    processes = [subprocess.Popen([sys.executable, "-c", _MEASURE_IN_A_PROCESS, str(tmp_path)], stdout=subprocess.PIPE,
+                                  text=True) for _ in range(3)]
+    answers = [process.communicate(timeout=120)[0].strip() for process in processes]
+    assert all(process.returncode == 0 for process in processes)
+    measured = (tmp_path / "measured").read_text().split()
+    assert len(measured) == 1 and answers == measured * 3
+    assert json.loads((tmp_path / "precision.json").read_text()) == {"a signature": measured[0]}
 
 
 def fake_timings(monkeypatch: pytest.MonkeyPatch, name: str,

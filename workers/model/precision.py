@@ -13,6 +13,7 @@ product should take a step's decoding rows along rather than leave them to a 4-b
 (``merge_rows``).
 """
 
+import fcntl
 import json
 import logging
 import os
@@ -162,16 +163,29 @@ def _name(dtype: torch.dtype) -> str:
 
 
 def _cached(cache_dir: Path, signature: str, measure: Callable[[], str]) -> str:
-    """What ``measure`` found for ``signature``, measured once and kept in ``precision.json``."""
+    """What ``measure`` found for ``signature``, measured once and kept in ``precision.json``. Workers
+    starting side by side (``--gpus``, a scaled service, a test stack) measure one at a time: the
+    others wait and read the figure. Measured at once, each would measure the others' load, pay for
+    it and overwrite their figures."""
     path = cache_dir / "precision.json"
+    known = _read(path)
+    if signature not in known:
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        with open(cache_dir / "precision.lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or the process dies
+            known = _read(path)
+            if signature not in known:
+                known[signature] = measure()
+                _write(path, known)
+    return known[signature]
+
+
+def _read(path: Path) -> dict[str, str]:
     try:
         known: dict[str, str] = json.loads(path.read_text())
     except (OSError, ValueError):
-        known = {}
-    if signature not in known:
-        known[signature] = measure()
-        _write(path, known)
-    return known[signature]
+        return {}
+    return known
 
 
 def _seconds(dtype: torch.dtype, rounds: int = 5) -> float:

@@ -2,6 +2,8 @@
 
 import logging
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -458,4 +460,21 @@ def test_a_failed_build_leaves_nothing_behind(tmp_path: Path, monkeypatch: pytes
     with caplog.at_level(logging.WARNING, logger="workers.model.cpu.kernels"):
         assert kernels.load(tmp_path / "kernels") is None
     assert "did not build" in caplog.text
-    assert not list((tmp_path / "kernels").iterdir())
+    assert [path.name for path in (tmp_path / "kernels").iterdir()] == ["kernels.lock"]  # no library, no scraps
+
+
+def test_workers_starting_together_build_once(tmp_path: Path) -> None:
+    """Three processes load the kernels into an empty directory at once: one compiles, the others wait
+    for its library."""
+    compiler, log = tmp_path / "logged-cc", tmp_path / "compiles"
+    compiler.write_text(f'#!/bin/sh\n[ "$1" = --version ] || echo "$$" >> {log}\nexec cc "$@"\n')
+    compiler.chmod(0o755)
+    load = "import sys; from pathlib import Path; from workers.model.cpu import kernels; " \
+           "print(kernels.compiled(kernels.SOURCE, Path(sys.argv[1])))"
+    env = {**os.environ, "CC": str(compiler)}
+    processes = [subprocess.Popen([sys.executable, "-c", load, str(tmp_path / "built")], env=env, text=True,
+                                  stdout=subprocess.PIPE) for _ in range(3)]
+    paths = {process.communicate(timeout=300)[0].strip() for process in processes}
+    assert all(process.returncode == 0 for process in processes)
+    assert len(paths) == 1 and Path(paths.pop()).exists()
+    assert len(log.read_text().split()) == 2  # one process compiled, then linked: no other called the compiler

@@ -20,6 +20,7 @@ the step runs on torch alone, as before (logged once).
 """
 
 import ctypes
+import fcntl
 import hashlib
 import logging
 import os
@@ -263,16 +264,20 @@ def compiled(source: Path, directory: Path) -> Path | None:
     recipe = repr((_FLAG_SETS, _LIBS, "compiled, then linked")).encode()
     key = hashlib.sha256(source.read_bytes() + recipe + version + _cpu_flags().encode()).hexdigest()[:16]
     path = directory / f"{source.stem}-{key}.so"
-    if not path.exists() and not _build(compiler, source, directory, path):
-        return None
+    if path.exists():
+        return path
+    directory.mkdir(parents=True, exist_ok=True)
+    with open(directory / f"{source.stem}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # workers starting at once: one builds, the others wait for it
+        if not path.exists() and not _build(compiler, source, directory, path):
+            return None
     return path
 
 
 def _build(compiler: str, source: Path, directory: Path, path: Path) -> bool:
-    """Compile into files of its own, then move the library in place: workers starting at once each
-    build. Compiled and linked in two steps: linked with ``-ffast-math``, gcc adds start-up code that
-    flushes subnormal floats to zero for the whole thread that loads the library."""
-    directory.mkdir(parents=True, exist_ok=True)
+    """Compile into files of its own, then move the library in place: a process that finds it without
+    the lock never loads half a library. Compiled and linked in two steps: linked with ``-ffast-math``,
+    gcc adds start-up code that flushes subnormal floats to zero for the whole thread that loads it."""
     errors = []
     for flags, libraries in zip(_FLAG_SETS, _LIBS, strict=True):
         with tempfile.TemporaryDirectory(dir=directory) as scratch:

@@ -5,6 +5,7 @@ weights only where they lose nothing, and a compiled step that decodes as the ea
 import asyncio
 import contextlib
 import copy
+import fcntl
 import json
 import logging
 import os
@@ -20,7 +21,7 @@ import torch
 from torch import Tensor
 from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
 
-from lmsp_core.requests.catalog import TINY_RANDOM
+from lmsp_core.requests.catalog import SMOLLM2, TINY_RANDOM
 from lmsp_core.settings import load_settings
 from tests.engine.support import Collector, built_for, shared_kernel_dir
 from workers.engine import chunkprice, scheduler
@@ -749,6 +750,23 @@ def test_workers_starting_together_measure_once(tmp_path: Path) -> None:
     measured = (tmp_path / "measured").read_text().split()
     assert len(measured) == 1 and answers == measured * 3
     assert json.loads((tmp_path / "precision.json").read_text()) == {"a signature": measured[0]}
+
+
+def test_a_gguf_is_converted_under_its_lock(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``converted_gguf`` converts holding the model's lock (workers starting together convert once),
+    and not again once converted."""
+    converted: list[Path] = []
+
+    def convert(spec: object, target: Path) -> None:
+        with open(target.with_name(f"{target.name}.lock")) as other, pytest.raises(BlockingIOError):
+            fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)  # held by the conversion
+        target.mkdir(parents=True)
+        (target / "model.safetensors").write_bytes(b"")
+        converted.append(target)
+
+    monkeypatch.setattr(loader, "_convert", convert)
+    first = loader.converted_gguf(SMOLLM2, tmp_path)
+    assert loader.converted_gguf(SMOLLM2, tmp_path) == first and converted == [first]
 
 
 def fake_timings(monkeypatch: pytest.MonkeyPatch, name: str,

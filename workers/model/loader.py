@@ -31,7 +31,7 @@ from lmsp_core.requests.catalog import SMOLLM2, ModelSpec
 from lmsp_core.requests.chat import ModelCard
 from lmsp_core.requests.closing import closing_tokens
 from lmsp_core.requests.modelfiles import converted_dir, gguf_file
-from workers.model import gguf, precision
+from workers.model import cachelock, gguf, precision
 from workers.model.cpu import blocks, kernels
 from workers.model.gguf import ModelFileError
 
@@ -212,10 +212,18 @@ def make_card(spec: ModelSpec, tokenizer: Any, eos_token_id: int | list[int] | N
 
 
 def converted_gguf(spec: ModelSpec, cache_dir: Path) -> Path:
-    """A safetensors copy of a GGUF model, converted once (atomically) into the cache."""
+    """A safetensors copy of a GGUF model, converted once (atomically, by one process at a time:
+    ``cachelock``) into the cache."""
     target = converted_dir(spec, cache_dir)
     if (target / "model.safetensors").exists():
         return target
+    with cachelock.held(target.with_name(f"{target.name}.lock")):
+        if not (target / "model.safetensors").exists():
+            _convert(spec, target)
+    return target
+
+
+def _convert(spec: ModelSpec, target: Path) -> None:
     source = gguf_file(spec)
     logger.info("converting %s into %s (first start only)", source.name, target)
     try:
@@ -238,9 +246,8 @@ def converted_gguf(spec: ModelSpec, cache_dir: Path) -> Path:
         shutil.rmtree(target, ignore_errors=True)
     try:
         os.replace(staging, target)
-    except OSError:  # another process finished first
+    except OSError:  # the tokenizer and config written there again meanwhile (``gguf.metadata``, unlocked)
         shutil.rmtree(staging, ignore_errors=True)
-    return target
 
 
 def _tiny_random(spec: ModelSpec, cache_dir: Path, device: torch.device, dtype: torch.dtype) -> LoadedModel:

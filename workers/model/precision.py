@@ -13,7 +13,6 @@ product should take a step's decoding rows along rather than leave them to a 4-b
 (``merge_rows``).
 """
 
-import fcntl
 import json
 import logging
 import os
@@ -25,6 +24,7 @@ import torch
 from torch import Tensor
 from torch.nn import functional
 
+from workers.model import cachelock
 from workers.model.cpu import kernels
 from workers.model.cpu.groups import Groups4
 from workers.model.linear import PREFILL_ROWS, Linear, can_prepack
@@ -163,16 +163,12 @@ def _name(dtype: torch.dtype) -> str:
 
 
 def _cached(cache_dir: Path, signature: str, measure: Callable[[], str]) -> str:
-    """What ``measure`` found for ``signature``, measured once and kept in ``precision.json``. Workers
-    starting side by side (``--gpus``, a scaled service, a test stack) measure one at a time: the
-    others wait and read the figure. Measured at once, each would measure the others' load, pay for
-    it and overwrite their figures."""
+    """What ``measure`` found for ``signature``, measured once and kept in ``precision.json``, by one
+    process at a time (``cachelock``): measured at once, each would time the others' load."""
     path = cache_dir / "precision.json"
     known = _read(path)
     if signature not in known:
-        cache_dir.mkdir(parents=True, exist_ok=True)
-        with open(cache_dir / "precision.lock", "a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or the process dies
+        with cachelock.held(cache_dir / "precision.lock"):
             known = _read(path)
             if signature not in known:
                 known[signature] = measure()

@@ -20,7 +20,6 @@ the step runs on torch alone, as before (logged once).
 """
 
 import ctypes
-import fcntl
 import hashlib
 import logging
 import os
@@ -33,6 +32,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from workers.model import cachelock
 from workers.model.cpu.groups import GROUP, Groups4, in_blocks, scales_in_blocks
 
 logger = logging.getLogger(__name__)
@@ -266,9 +266,7 @@ def compiled(source: Path, directory: Path) -> Path | None:
     path = directory / f"{source.stem}-{key}.so"
     if path.exists():
         return path
-    directory.mkdir(parents=True, exist_ok=True)
-    with open(directory / f"{source.stem}.lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # workers starting at once: one builds, the others wait for it
+    with cachelock.held(directory / f"{source.stem}.lock"):
         if not path.exists() and not _build(compiler, source, directory, path):
             return None
     return path

@@ -89,7 +89,9 @@ def test_fused_parts_and_threads_give_the_same_outputs(built: blocks.Blocks) -> 
 @pytest.mark.parametrize("kind", [Q.F16, Q.BF16], ids=lambda kind: kind.name)
 def test_float_rows_are_taken_four_at_a_time_in_place(built: blocks.Blocks, kind: Q) -> None:
     """F16 and BF16 products take four rows a call where a part's rows come in fours and start on one, on
-    the file's own bytes; other parts keep one row a call. Inputs of 516 (a tail past the last 8)."""
+    the file's own bytes; other parts keep one row a call. Inputs of 516 (a tail past the last 8); parts of
+    36 and 100 rows: a thread's share of 64 rows takes rows from both, the next one a quarter of 16 a
+    stream."""
     weights = tensor(kind, 40, 516)
     fours = built.arranged(weights, 0)
     assert fours.type == blocks.FOURS[int(kind)] and fours.data is weights.data
@@ -101,7 +103,9 @@ def test_float_rows_are_taken_four_at_a_time_in_place(built: blocks.Blocks, kind
     try:
         for plain in (False, True):
             built.plain(plain)
-            for together, types in ((parts, [kind] * 3), (parts[1:], [blocks.FOURS[int(kind)]] * 2)):
+            spanning = [tensor(kind, 36, 516, 5), tensor(kind, 100, 516, 6)]
+            for together, types in ((parts, [kind] * 3), (parts[1:], [blocks.FOURS[int(kind)]] * 2),
+                                    (spanning, [blocks.FOURS[int(kind)]] * 2)):
                 product = built.product(together)
                 assert list(product.types) == types
                 reference = np.concatenate([dequantized(part) for part in together])

@@ -65,7 +65,8 @@ enum { A_Q8_0 = 0, A_Q8_1 = 1, A_Q8_K = 2, A_F32 = 3, A_KINDS = 4 };
 #define ROWS_AT_ONCE 8  /* input rows per pass over a weight row's blocks */
 #define TILE_INPUTS 64  /* a prompt's input rows per tile */
 #define TILE_WEIGHTS 16 /* weight rows per tile */
-#define TILES_TAKEN 4   /* tiles a thread takes at once while decoding */
+#define TILES_TAKEN 4   /* tiles a thread takes at once while decoding, at least */
+#define TASKS_A_THREAD 4 /* a decoding product's tasks per thread */
 
 typedef struct { uint16_t d; uint8_t qs[QK / 2]; } block_q4_0;
 typedef struct { uint16_t d, m; uint8_t qs[QK / 2]; } block_q4_1;
@@ -497,11 +498,11 @@ static void plain_q6_K(const void *w, const void *const *x, int nx, int64_t nb, 
 DEFINE_PLAIN_FLOAT(plain_f32, float, LOAD_F32)
 DEFINE_PLAIN_FLOAT(plain_f16, uint16_t, f16_to_f32)
 DEFINE_PLAIN_FLOAT(plain_bf16, uint16_t, bf16_to_f32)
-/* Four consecutive rows (out[4 r + o]) */
+/* Four rows `stride` weights apart (out[4 r + o]) */
 #define DEFINE_PLAIN_FOUR(NAME, ONE, T)                                                               \
-    static void NAME(const void *w, const void *const *x, int nx, int64_t k, float *out) {           \
+    static void NAME(const void *w, int64_t stride, const void *const *x, int nx, int64_t k, float *out) { \
         float sums[4][ROWS_AT_ONCE];                                                                  \
-        for (int o = 0; o < 4; o++) ONE((const T *)w + o * k, x, nx, k, sums[o]);                     \
+        for (int o = 0; o < 4; o++) ONE((const T *)w + o * stride, x, nx, k, sums[o]);                \
         for (int r = 0; r < nx; r++)                                                                  \
             for (int o = 0; o < 4; o++) out[4 * r + o] = sums[o][r];                                  \
     }
@@ -934,17 +935,18 @@ DEFINE_AVX2_FLOAT(avx2_f32, float, load8_f32, LOAD_F32)
 DEFINE_AVX2_FLOAT(avx2_f16, uint16_t, load8_f16, f16_to_f32)
 DEFINE_AVX2_FLOAT(avx2_bf16, uint16_t, load8_bf16, bf16_to_f32)
 
-/* Four consecutive rows against the input rows two at a time: an input load serves four rows and memory
-   is read in four streams at once; one row at a time ran below llama.cpp's rate from memory
+/* Four rows `stride` weights apart against the input rows two at a time: an input load serves four rows
+   and memory is read in four streams at once; one row at a time ran below llama.cpp's rate from memory
    (docs/performance.md, "GGUF weights in their own blocks") */
 #define DEFINE_AVX2_FOUR(NAME, T, LOAD8, LOAD1)                                                         \
-    INLINE void NAME##_pass(const T *w, const void *const *x, int nx, int64_t k, float *out) {         \
+    INLINE void NAME##_pass(const T *w, int64_t stride, const void *const *x, int nx, int64_t k, float *out) { \
         __m256 acc[2][4];                                                                               \
         for (int r = 0; r < nx; r++)                                                                    \
             for (int o = 0; o < 4; o++) acc[r][o] = _mm256_setzero_ps();                                \
         int64_t j = 0;                                                                                  \
         for (; j + 8 <= k; j += 8) {                                                                    \
-            const __m256 v[4] = {LOAD8(w + j), LOAD8(w + k + j), LOAD8(w + 2 * k + j), LOAD8(w + 3 * k + j)}; \
+            const __m256 v[4] = {LOAD8(w + j), LOAD8(w + stride + j), LOAD8(w + 2 * stride + j),          \
+                                 LOAD8(w + 3 * stride + j)};                                            \
             for (int r = 0; r < nx; r++) {                                                              \
                 const __m256 in = _mm256_loadu_ps((const float *)x[r] + j);                             \
                 for (int o = 0; o < 4; o++) acc[r][o] = _mm256_fmadd_ps(v[o], in, acc[r][o]);           \
@@ -953,14 +955,14 @@ DEFINE_AVX2_FLOAT(avx2_bf16, uint16_t, load8_bf16, bf16_to_f32)
         for (int r = 0; r < nx; r++)                                                                    \
             for (int o = 0; o < 4; o++) {                                                               \
                 float sum = hsum8(acc[r][o]);                                                           \
-                for (int64_t t = j; t < k; t++) sum += LOAD1(w[o * k + t]) * ((const float *)x[r])[t];  \
+                for (int64_t t = j; t < k; t++) sum += LOAD1(w[o * stride + t]) * ((const float *)x[r])[t]; \
                 out[4 * r + o] = sum;                                                                   \
             }                                                                                           \
     }                                                                                                   \
-    static void NAME(const void *w, const void *const *x, int nx, int64_t k, float *out) {              \
-        for (; nx > 2; nx -= 2, x += 2, out += 8) NAME##_pass(w, x, 2, k, out);                         \
-        if (nx == 2) NAME##_pass(w, x, 2, k, out);                                                      \
-        else NAME##_pass(w, x, 1, k, out);                                                              \
+    static void NAME(const void *w, int64_t stride, const void *const *x, int nx, int64_t k, float *out) { \
+        for (; nx > 2; nx -= 2, x += 2, out += 8) NAME##_pass(w, stride, x, 2, k, out);                 \
+        if (nx == 2) NAME##_pass(w, stride, x, 2, k, out);                                              \
+        else NAME##_pass(w, stride, x, 1, k, out);                                                      \
     }
 DEFINE_AVX2_FOUR(avx2_f16_x4, uint16_t, load8_f16, f16_to_f32)
 DEFINE_AVX2_FOUR(avx2_bf16_x4, uint16_t, load8_bf16, bf16_to_f32)
@@ -1034,8 +1036,6 @@ static row_product product_of(int64_t type) {
     case T_F32: return avx2_f32;
     case T_F16: return avx2_f16;
     case T_BF16: return avx2_bf16;
-    case T_F16_X4: return avx2_f16_x4;
-    case T_BF16_X4: return avx2_bf16_x4;
     }
 #endif
     switch (type) {
@@ -1052,10 +1052,18 @@ static row_product product_of(int64_t type) {
     case T_F32: return plain_f32;
     case T_F16: return plain_f16;
     case T_BF16: return plain_bf16;
-    case T_F16_X4: return plain_f16_x4;
-    case T_BF16_X4: return plain_bf16_x4;
     }
     return NULL;
+}
+
+/* Four float rows `stride` weights apart (F16_X4, BF16_X4) against up to ROWS_AT_ONCE input rows */
+typedef void (*four_product)(const void *, int64_t, const void *const *, int, int64_t, float *);
+
+static four_product four_of(int64_t type) {
+#if BLOCKS_AVX2
+    if (!plain_only) return type == T_F16_X4 ? avx2_f16_x4 : avx2_bf16_x4;
+#endif
+    return type == T_F16_X4 ? plain_f16_x4 : plain_bf16_x4;
 }
 
 /* --- the threads --------------------------------------------------------------------------------------- */
@@ -1216,6 +1224,38 @@ typedef struct {
     float *out;                     /* [nx, columns] */
 } product_job;
 
+/* The input rows r..r+n-1 in the form a part takes */
+static int input_rows(const product_job *job, int activation, int64_t r, int64_t r1, const void **x) {
+    int n = r1 - r < ROWS_AT_ONCE ? (int)(r1 - r) : ROWS_AT_ONCE;
+    for (int i = 0; i < n; i++) x[i] = job->inputs[activation] + (r + i) * job->input_bytes[activation];
+    return n;
+}
+
+/* Rows first..last-1 of a part of float rows taken four at a time (F16_X4, BF16_X4), the first at
+   `start` of the columns: pass i takes rows first + i + o * spread (o = 0..3, spread a quarter of the
+   rows), so that each of the four streams reads its quarter's rows one after another. Four rows side by
+   side sent each stream a few KB further at every pass, which the hardware's prefetcher does not follow
+   (docs/performance.md, "GGUF weights in their own blocks"). */
+static void four_columns(const product_job *job, const part *w, int64_t first, int64_t last, int64_t start) {
+    four_product product = four_of(w->type);
+    const int64_t k = job->k, spread = (last - first) / 4;
+    for (int64_t r0 = 0; r0 < job->nx; r0 += TILE_INPUTS) {
+        int64_t r1 = r0 + TILE_INPUTS < job->nx ? r0 + TILE_INPUTS : job->nx;
+        for (int64_t i = 0; i < spread; i++) {
+            const void *row = (const uint16_t *)w->data + (first + i) * k;
+            for (int64_t r = r0; r < r1; r += ROWS_AT_ONCE) {
+                const void *x[ROWS_AT_ONCE];
+                float sums[ROWS_AT_ONCE * 4];
+                int n = input_rows(job, A_F32, r, r1, x);
+                product(row, spread * k, x, n, k, sums);
+                for (int q = 0; q < n; q++)
+                    for (int64_t o = 0; o < 4; o++)
+                        job->out[(r + q) * job->columns + start + first + i + o * spread] = sums[q * 4 + o];
+            }
+        }
+    }
+}
+
 /* Output columns c0..c1-1 of every input row. */
 static void product_columns(const product_job *job, int64_t c0, int64_t c1) {
     int64_t start = 0;
@@ -1225,20 +1265,21 @@ static void product_columns(const product_job *job, int64_t c0, int64_t c1) {
         if (first >= last) continue;
         type_info info;
         type_of(w->type, &info);
+        if (info.rows == 4) {
+            four_columns(job, w, first, last, start);
+            continue;
+        }
         row_product product = product_of(w->type);
         /* bytes of a row of blocks (of info.rows weight rows: first and last are multiples of it) */
         int64_t count = job->k / info.block, row_bytes = count * info.bytes, g = info.rows;
-        const uint8_t *inputs = job->inputs[info.activation];
-        int64_t stride = job->input_bytes[info.activation];
         for (int64_t r0 = 0; r0 < job->nx; r0 += TILE_INPUTS) {
             int64_t r1 = r0 + TILE_INPUTS < job->nx ? r0 + TILE_INPUTS : job->nx;
             for (int64_t c = first; c < last; c += g) {
                 const void *row = (const uint8_t *)w->data + c / g * row_bytes;
                 for (int64_t r = r0; r < r1; r += ROWS_AT_ONCE) {
-                    int n = r1 - r < ROWS_AT_ONCE ? (int)(r1 - r) : ROWS_AT_ONCE;
                     const void *x[ROWS_AT_ONCE];
                     float sums[ROWS_AT_ONCE * 8];
-                    for (int i = 0; i < n; i++) x[i] = inputs + (r + i) * stride;
+                    int n = input_rows(job, info.activation, r, r1, x);
                     product(row, x, n, count, sums);
                     for (int i = 0; i < n; i++)
                         for (int64_t o = 0; o < g; o++) job->out[(r + i) * job->columns + start + c + o] = sums[i * g + o];
@@ -1248,16 +1289,21 @@ static void product_columns(const product_job *job, int64_t c0, int64_t c1) {
     }
 }
 
-/* A task: a few tiles of weight rows (one for a prompt's rows: much work already), whole tiles so that
-   threads do not write the same cache lines. */
-static int64_t tiles_a_task(const product_job *job) { return job->nx >= TILE_INPUTS ? 1 : TILES_TAKEN; }
+/* A task: whole tiles of weight rows, so that threads do not write the same cache lines; one for a
+   prompt's rows (much work already), else TASKS_A_THREAD to a thread: each task's rows lie one after
+   another in memory, and the hardware's prefetcher runs on through them where tasks of a few tiles
+   sent each thread elsewhere every few KB (docs/performance.md, "GGUF weights in their own blocks"). */
+static int64_t tiles_a_task(const product_job *job) {
+    if (job->nx >= TILE_INPUTS) return 1;
+    const int64_t tiles = (job->columns + TILE_WEIGHTS - 1) / TILE_WEIGHTS, split = TASKS_A_THREAD * pool.wanted;
+    const int64_t take = (tiles + split - 1) / split;
+    return take > TILES_TAKEN ? take : TILES_TAKEN;
+}
 
 static void product_task(void *context, int64_t task) {
     const product_job *job = context;
     const int64_t take = tiles_a_task(job), first = task * take * TILE_WEIGHTS;
-    const int64_t c1 = first + take * TILE_WEIGHTS < job->columns ? first + take * TILE_WEIGHTS : job->columns;
-    for (int64_t c = first; c < c1; c += TILE_WEIGHTS)
-        product_columns(job, c, c + TILE_WEIGHTS < c1 ? c + TILE_WEIGHTS : c1);
+    product_columns(job, first, first + take * TILE_WEIGHTS < job->columns ? first + take * TILE_WEIGHTS : job->columns);
 }
 
 /* out [nx, sum of rows] = x [nx, k] (float32) times the parts' rows. Returns 0; -1 for a type it does not

@@ -89,9 +89,9 @@ def test_fused_parts_and_threads_give_the_same_outputs(built: blocks.Blocks) -> 
 @pytest.mark.parametrize("kind", [Q.F16, Q.BF16], ids=lambda kind: kind.name)
 def test_float_rows_are_taken_four_at_a_time_in_place(built: blocks.Blocks, kind: Q) -> None:
     """F16 and BF16 products take four rows a call where a part's rows come in fours and start on one, on
-    the file's own bytes; other parts keep one row a call. Inputs of 516 (a tail past the last 8); parts of
-    36 and 100 rows: a thread's share of 64 rows takes rows from both, the next one a quarter of 16 a
-    stream."""
+    the file's own bytes; other parts keep one row a call. Inputs of 516 (a tail past the last 8), up to
+    8 rows (two passes of four input rows with AVX512); parts of 36 and 100 rows: a thread's share of 64
+    rows takes rows from both, the next one a quarter of 16 a stream."""
     weights = tensor(kind, 40, 516)
     fours = built.arranged(weights, 0)
     assert fours.type == blocks.FOURS[int(kind)] and fours.data is weights.data
@@ -99,7 +99,7 @@ def test_float_rows_are_taken_four_at_a_time_in_place(built: blocks.Blocks, kind
     assert built.arranged(weights, 2).type == kind, "a part placed off the fours"
     assert torch.equal(built.rows(fours, torch.tensor([39, 0])), built.rows(weights, torch.tensor([39, 0])))
     parts = [tensor(kind, 30, 516, 1), tensor(kind, 40, 516, 2), tensor(kind, 8, 516, 3)]
-    x = torch.randn(5, 516, generator=torch.Generator().manual_seed(4))
+    x = torch.randn(8, 516, generator=torch.Generator().manual_seed(4))
     try:
         for plain in (False, True):
             built.plain(plain)
@@ -109,7 +109,7 @@ def test_float_rows_are_taken_four_at_a_time_in_place(built: blocks.Blocks, kind
                 product = built.product(together)
                 assert list(product.types) == types
                 reference = np.concatenate([dequantized(part) for part in together])
-                for rows in (1, 2, 3, 5):
+                for rows in (1, 2, 3, 5, 8):
                     got = product(x[:rows]).double().numpy()
                     assert np.allclose(got, x[:rows].double().numpy() @ reference.T, rtol=1e-5, atol=1e-4)
     finally:

@@ -935,12 +935,18 @@ DEFINE_AVX2_FLOAT(avx2_f32, float, load8_f32, LOAD_F32)
 DEFINE_AVX2_FLOAT(avx2_f16, uint16_t, load8_f16, f16_to_f32)
 DEFINE_AVX2_FLOAT(avx2_bf16, uint16_t, load8_bf16, bf16_to_f32)
 
-/* Four rows `stride` weights apart against the input rows two at a time: an input load serves four rows
-   and memory is read in four streams at once; one row at a time ran below llama.cpp's rate from memory
-   (docs/performance.md, "GGUF weights in their own blocks") */
+/* Four rows `stride` weights apart against FOUR_INPUTS input rows at a time: an input load serves four
+   rows and memory is read in four streams at once; one row at a time ran below llama.cpp's rate from
+   memory. Four input rows' 16 sums fit AVX512's 32 registers, not AVX2's 16; each weight's conversion
+   then serves four input rows, not two (docs/performance.md, "GGUF weights in their own blocks"). */
+#if defined(__AVX512VL__)
+#define FOUR_INPUTS 4
+#else
+#define FOUR_INPUTS 2
+#endif
 #define DEFINE_AVX2_FOUR(NAME, T, LOAD8, LOAD1)                                                         \
     INLINE void NAME##_pass(const T *w, int64_t stride, const void *const *x, int nx, int64_t k, float *out) { \
-        __m256 acc[2][4];                                                                               \
+        __m256 acc[4][4];                                                                               \
         for (int r = 0; r < nx; r++)                                                                    \
             for (int o = 0; o < 4; o++) acc[r][o] = _mm256_setzero_ps();                                \
         int64_t j = 0;                                                                                  \
@@ -960,9 +966,14 @@ DEFINE_AVX2_FLOAT(avx2_bf16, uint16_t, load8_bf16, bf16_to_f32)
             }                                                                                           \
     }                                                                                                   \
     static void NAME(const void *w, int64_t stride, const void *const *x, int nx, int64_t k, float *out) { \
-        for (; nx > 2; nx -= 2, x += 2, out += 8) NAME##_pass(w, stride, x, 2, k, out);                 \
-        if (nx == 2) NAME##_pass(w, stride, x, 2, k, out);                                              \
-        else NAME##_pass(w, stride, x, 1, k, out);                                                      \
+        for (; nx > FOUR_INPUTS; nx -= FOUR_INPUTS, x += FOUR_INPUTS, out += 4 * FOUR_INPUTS)          \
+            NAME##_pass(w, stride, x, FOUR_INPUTS, k, out);                                             \
+        switch (nx) { /* the count a constant: the sums stay in registers */                           \
+        case 1: NAME##_pass(w, stride, x, 1, k, out); break;                                            \
+        case 2: NAME##_pass(w, stride, x, 2, k, out); break;                                            \
+        case 3: NAME##_pass(w, stride, x, 3, k, out); break;                                            \
+        default: NAME##_pass(w, stride, x, 4, k, out); break;                                           \
+        }                                                                                               \
     }
 DEFINE_AVX2_FOUR(avx2_f16_x4, uint16_t, load8_f16, f16_to_f32)
 DEFINE_AVX2_FOUR(avx2_bf16_x4, uint16_t, load8_bf16, bf16_to_f32)

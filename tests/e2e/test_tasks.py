@@ -295,7 +295,9 @@ async def test_the_api_renders_the_prompt_once_and_the_worker_uses_it(client: ht
 async def test_a_cancel_reaches_the_worker_at_once_between_its_appends(api: Api, patient_worker: Worker,
                                                                        redis: aioredis.Redis) -> None:
     """The worker appends every 3 s, but hears of the cancellation at once (its cancel channel): the
-    task ends within a step or so, not at the next append's reply."""
+    task ends within a step or so, not at the next append's reply. The bound leaves a loaded 2-core
+    machine room (1.3 s seen beside the whole suite) and stays clear of that reply, 3 s after the
+    first output."""
     async with httpx.AsyncClient(base_url=api.url, timeout=60) as client:
         task = await create(client, model="tiny-patient", max_output_tokens=8000)
         async for event in sse_events(client, "GET", f"/lmsp/v1/tasks/{task['id']}/events"):
@@ -305,7 +307,7 @@ async def test_a_cancel_reaches_the_worker_at_once_between_its_appends(api: Api,
         await client.post(f"/lmsp/v1/tasks/{task['id']}/cancel")
         final = await final_status(redis, task["response_id"])
         assert final[b"status"] == b"cancelled"
-        assert asyncio.get_running_loop().time() - started < 1.0
+        assert asyncio.get_running_loop().time() - started < 2.0
 
 
 async def test_a_delta_carries_the_tokens_between_two_appends(client: httpx.AsyncClient) -> None:

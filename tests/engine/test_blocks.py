@@ -6,6 +6,7 @@ import os
 import signal
 import time
 from pathlib import Path
+from typing import Any
 
 import gguf
 import numpy as np
@@ -19,7 +20,7 @@ from tests.engine import ggufmodels
 from tests.engine.support import shared_kernel_dir
 from tests.support import tiny_model_dir
 from workers.model import build, loader
-from workers.model.cpu import blocks
+from workers.model.cpu import blocks, layerstep
 from workers.model.cpu.blocks import BlockTensor
 from workers.model.gguf import ModelFileError
 from workers.model.plan import Chunk, Feed, StepPlan
@@ -254,6 +255,44 @@ def test_a_gguf_model_on_its_blocks_agrees_with_transformers(name: str, inputs: 
     tolerance = 5e-2 if inputs == "quantised" else 1e-3  # float inputs: the float16 cache's rounding
     for got, expected in zip(logits, want, strict=True):
         assert (got - expected).abs().max() <= tolerance * expected.abs().max()
+
+
+@pytest.mark.parametrize("name", FILES)
+def test_a_gguf_models_layers_run_in_one_call_as_in_the_python_loop(name: str, files: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where every layer's four products run on the file's blocks without biases and its queries and
+    keys are not normed, a step's layers run in one kernels.c call (``layerstep``): every step's logits
+    are the Python loop's bit for bit, prompt chunks and decoding rows alike; float rows take at most
+    63 rows there (more go through torch's product on float32 tiles, in the loop)."""
+    path, cache = files / f"{name.split()[0]}-{len(name)}.gguf", files / "cache"
+    one, loop = (build.slot_model(loader.load(spec_of(path), cache), compile=False) for _ in range(2))
+    if name.startswith("qwen"):  # biases, normed queries and keys
+        assert one._layer_step_of() is None
+        return
+    floats = "F16" in name or "de-quantised" in name  # Q3_K: float32 rows
+    layer_step = one._one_call()
+    assert layer_step is not None and layer_step.limit == (63 if floats else blocks.ALL_ROWS)
+    assert one.one_call_rows == 0  # no jump in a step's cost for the scheduler to keep chunks from
+    calls: list[int] = []
+    one_call = layerstep.LayerStep.__call__
+
+    def counted(self: layerstep.LayerStep, x: torch.Tensor, *args: Any) -> torch.Tensor:
+        calls.append(x.shape[0])
+        return one_call(self, x, *args)
+
+    monkeypatch.setattr(layerstep.LayerStep, "__call__", counted)
+    monkeypatch.setattr(loop, "_layer_step_of", lambda: None)
+    prompt = list(range(100, 180))
+    plans = [StepPlan(chunks=[Chunk(1, 0, prompt[:5], False)]), StepPlan(chunks=[Chunk(1, 5, prompt[5:75], True)]),
+             StepPlan(feeds=[Feed(1, 7, 75)], chunks=[Chunk(2, 0, prompt[:4], True)])]
+    plans += [StepPlan(feeds=[Feed(1, 8 + i, 76 + i), Feed(2, 3 + i, 4 + i)]) for i in range(3)]
+    with torch.inference_mode():
+        expected = [loop.run(plan) for plan in plans]
+        assert not calls
+        got = [one.run(plan) for plan in plans]
+    assert calls == ([5] if floats else [5, 70]) + [6, 3, 3, 3]
+    for step, (a, b) in enumerate(zip(got, expected, strict=True)):
+        assert torch.equal(a, b), f"step {step}"
 
 
 def test_a_truncated_gguf_file_is_named(tmp_path: Path) -> None:

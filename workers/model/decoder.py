@@ -34,7 +34,7 @@ from torch.nn import functional
 
 from workers.model.cpu import kernels
 from workers.model.cpu.attention import DecodeAttention, StepRows, decode_attention
-from workers.model.cpu.blocks import Blocks, BlockTensor
+from workers.model.cpu.blocks import ALL_ROWS, BlockProduct, Blocks, BlockTensor
 from workers.model.cpu.groups import GROUP, Groups4
 from workers.model.cpu.layerstep import FUNCTIONS, LayerParts, LayerStep
 from workers.model.cudagraphs import StepGraphs
@@ -47,7 +47,6 @@ from workers.model.plan import StepPlan
 logger = logging.getLogger(__name__)
 
 ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
-ALL_ROWS = 1 << 30  # products on a GGUF file's blocks take every step's rows (``use_blocks``)
 ATTENTION_BLOCK = 256  # with CUDA graphs, attention lengths are rounded up to this (fewer graphs)
 # a step's decoding rows: how many, how many columns of their slots they attend to, and which (None: all)
 Decoding = tuple[int, int, Tensor | None]
@@ -234,7 +233,7 @@ class Decoder(nn.Module):
     @property
     def one_call_rows(self) -> int:
         layer_step = self._one_call()
-        return 0 if layer_step is None else layer_step.limit
+        return 0 if layer_step is None else layer_step.cheapest_rows
 
     def copy_prefix(self, source: int, target: int, length: int) -> None:
         self.cache.copy_prefix(source, target, length)
@@ -381,7 +380,8 @@ class Decoder(nn.Module):
 
     def _layer_step_of(self) -> LayerStep | None:
         """The layers in one call where every part of them runs through ``kernels.c`` (norms, rotation,
-        attention, activation, and four 4-bit products without biases a layer); else None."""
+        attention, activation, and four 4-bit products without biases a layer) or ``blocks.c`` (the four
+        products on a GGUF file's blocks); else None."""
         built, layers = self._kernels, self.typed_layers
         keys = self.cache.layer(0)[0]
         if built is None or self.attention is None or self._rope_store is None or self._rope_f32 is None \
@@ -394,11 +394,13 @@ class Decoder(nn.Module):
                 return None
             linears = (layer.qkv, layer.o, layer.gate_up, layer.down)
             four = [native for linear in linears if linear.bias is None
-                    and isinstance(native := linear.native, kernels.GroupedWeights) and native.bits == 4]
-            if len(four) != len(linears):
+                    and (isinstance(native := linear.native, BlockProduct)
+                         or (isinstance(native, kernels.GroupedWeights) and native.bits == 4))]
+            if len(four) != len(linears) or len({type(product) for product in four}) != 1:  # one kind a layer
                 return None
             parts.append(LayerParts(layer.input_norm, layer.post_norm, four, *self.cache.layer(i)))
-        rows = min(linear.int4_rows for layer in layers for linear in (layer.qkv, layer.o, layer.gate_up, layer.down))
+        rows = min(min(linear.int4_rows, _rows_on_blocks(linear.native)) for layer in layers
+                   for linear in (layer.qkv, layer.o, layer.gate_up, layer.down))
         return LayerStep(built, parts, self.shape[0], self.eps, self._rope_f32, rows) if rows else None
 
     def _attend(self, q: Tensor, keys: Tensor, values: Tensor, decoding: Decoding,
@@ -440,3 +442,7 @@ class Decoder(nn.Module):
             attn_mask=causal, is_causal=causal is None, enable_gqa=True)
         return attended[0].transpose(0, 1).flatten(1)
 
+
+def _rows_on_blocks(product: NativeProduct | None) -> int:
+    """The most rows ``product`` takes on a GGUF file's blocks where it is such a product."""
+    return product.rows_on_blocks if isinstance(product, BlockProduct) else ALL_ROWS

@@ -46,6 +46,7 @@ TYPE_NAMES = {F32: "F32", F16: "F16", BF16: "BF16", F16_X4: "F16", BF16_X4: "BF1
 # rows; quantised weights' stay on their blocks, faster than de-quantised tiles through the matrix
 # library (docs/performance.md, "GGUF weights in their own blocks")
 TILE_ROWS, TILE = 64, 256
+ALL_ROWS = 1 << 30  # products on a GGUF file's blocks take every step's rows
 _P, _I = ctypes.c_void_p, ctypes.c_int64
 _SIGNATURES: dict[str, list[type]] = {
     "blocks_matmul": [_P, _I, _I, _P, _I, _P],
@@ -185,6 +186,19 @@ class BlockProduct:
     @property
     def kind(self) -> str:
         return f"GGUF blocks ({', '.join(sorted({TYPE_NAMES[t] for t in self.types}))})"
+
+    @property
+    def rows_on_blocks(self) -> int:
+        """The most rows a product runs on the blocks themselves (more float rows go through ``_tiled``)."""
+        return TILE_ROWS - 1 if self._floats else ALL_ROWS
+
+    @property
+    def call(self) -> tuple[int, int, int]:
+        """What ``kernels.c``'s one-call layers take to run this product (``layerstep``): the address of
+        ``blocks_matmul``, of this product's table of parts, and how many parts it holds."""
+        address = ctypes.cast(self._function, ctypes.c_void_p).value
+        assert address is not None
+        return address, ctypes.addressof(self._table), len(self._tensors)
 
     def __call__(self, x: Tensor) -> Tensor:
         x = kernels.float_rows(x, self.k)

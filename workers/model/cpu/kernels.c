@@ -1601,19 +1601,27 @@ int int4_matmul(const float *x, int64_t rows, int64_t k, const uint8_t *codes, c
 }
 
 /* A step's layers in one call (workers/model/cpu/layerstep.py), where each layer's four products run
-   on 4-bit groups here, its norms, rotation, cache writes, attention and activation here too: the
-   same functions in the same order as the Python layer loop calls them one at a time
-   (workers/model/layers.py), so the same results bit for bit, without the Python between them (about
-   160 calls a layer: docs/performance.md, "CPU kernels"). x [rows, hidden] float32 (the embeddings;
-   the last layer's output on return). A layer's table holds its pointers: the norms' weights, then
-   each product's codes, scales and minimums (int4_matmul's), then its keys and values. Row r is
-   written at positions[r] of slots[r] and attends to 0..limits[r] of attend_slots[r] (attend_*).
-   Returns 0; -1 for a position, slot or limit outside the cache, -2 where memory ran out. */
+   on 4-bit groups here or on a GGUF file's blocks (blocks.c), its norms, rotation, cache writes,
+   attention and activation here: the same functions in the same order as the Python layer loop calls
+   them one at a time (workers/model/layers.py), so the same results bit for bit, without the Python
+   between them (about 160 calls a layer: docs/performance.md, "CPU kernels"). x [rows, hidden] float32
+   (the embeddings; the last layer's output on return). A layer's table holds its pointers: the norms'
+   weights, then each product's codes, scales and minimums (int4_matmul's), then its keys and values,
+   then, for products on blocks, blocks.c's blocks_matmul (its address: this library does not link
+   that one) and each product's table of parts. Row r is written at positions[r] of slots[r] and
+   attends to 0..limits[r] of attend_slots[r] (attend_*). Returns 0; -1 for a position, slot or limit
+   outside the cache, -2 where memory ran out. */
+typedef int (*parts_product)(const float *x, int64_t rows, int64_t k, const void *parts, int64_t nparts,
+                             float *out);
+
 typedef struct {
     const float *input_norm, *post_norm;
     const uint8_t *codes[4]; /* qkv, o, gate_up, down */
     const uint16_t *scales[4], *minimums[4]; /* float16 */
     void *keys, *values;
+    parts_product on_parts; /* NULL: the products on the 4-bit groups above; else on parts[i] */
+    const void *parts[4];
+    int64_t nparts[4];
 } layer_table;
 
 typedef struct {
@@ -1637,6 +1645,7 @@ static float *layer_work_of(layer_work *w, int64_t rows, const layer_shape *s) {
 
 /* Product i of layer l (qkv, o, gate_up, down) of `rows` rows of k inputs into n outputs. */
 static int layer_product(const layer_table *l, int i, const float *x, int64_t rows, int64_t k, int64_t n, float *out) {
+    if (l->on_parts != NULL) return l->on_parts(x, rows, k, l->parts[i], l->nparts[i], out);
     return int4_matmul(x, rows, k, l->codes[i], l->scales[i], l->minimums[i], n, out);
 }
 

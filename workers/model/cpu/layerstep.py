@@ -4,11 +4,12 @@ With the kernels on a CPU, a one-stream step spent much of its time in Python be
 160 calls a layer (the norm, the fused product, the rotation with the cache writes, the attention,
 the output projection and the residual, the norm, the gate and up product, the activation, the down
 product and the residual; docs/performance.md, "CPU kernels"). Where each layer's four products run
-on 4-bit groups through ``kernels.c`` for all of a step's rows (no more rows than every layer's
-``int4_rows``), without biases, and its norms, rotation, attention and activation run there too,
-the layer loop runs in C: the same functions in the same order on the same rows, so the same hidden
-states bit for bit (``tests/engine/test_slots.py``). Other steps (more rows, a model that norms its
-queries and keys, torch's products) take the Python loop.
+on 4-bit groups through ``kernels.c`` or on a GGUF file's blocks through ``blocks.c``, for all of a
+step's rows (no more rows than every product takes: ``int4_rows``, ``BlockProduct.rows_on_blocks``),
+without biases, and its norms, rotation, attention and activation run in ``kernels.c``, the layer loop
+runs in C: the same functions in the same order on the same rows, so the same hidden states bit for
+bit (``tests/engine/test_slots.py``, ``tests/engine/test_blocks.py``). Other steps (more rows, a model
+that norms its queries and keys, torch's products) take the Python loop.
 """
 
 from collections.abc import Sequence
@@ -20,6 +21,7 @@ from torch import Tensor
 
 from workers.model.cpu import kernels
 from workers.model.cpu.attention import StepRows
+from workers.model.cpu.blocks import BlockProduct
 
 FUNCTIONS = {torch.bfloat16: "layers_bf16", torch.float16: "layers_f16", torch.float32: "layers_f32"}
 
@@ -29,14 +31,14 @@ class LayerParts(NamedTuple):
 
     input_norm: Tensor
     post_norm: Tensor
-    products: Sequence[kernels.GroupedWeights]  # qkv, o, gate and up, down: 4-bit groups
+    products: Sequence[kernels.GroupedWeights | BlockProduct]  # qkv, o, gate and up, down: all of one kind
     keys: Tensor  # the layer's cache, ``[slots, kv_heads, positions, head_dim]``
     values: Tensor
 
 
 class LayerStep:
     """A model's layers as ``kernels.c``'s ``layers_*`` takes them: a table of pointers per layer
-    (norms, the four products' codes, scales and minimums, keys and values), built once; the step's
+    (norms, the four products' codes, scales and minimums or their blocks, keys and values), built once; the step's
     rows go in at each call."""
 
     def __init__(self, built: kernels.Kernels, layers: Sequence[LayerParts], heads: int, eps: float,
@@ -51,18 +53,31 @@ class LayerStep:
         self._function = built.functions[FUNCTIONS[keys.dtype]]
         self._tables = tables
         self._shape = np.asarray([o.n, heads, kv_heads, head_dim, down.k, slots, positions], dtype=np.int64)
-        table = np.zeros((len(layers), 16), dtype=np.uint64)
+        table = np.zeros((len(layers), 25), dtype=np.uint64)  # kernels.c's layer_table
         for i, layer in enumerate(layers):
-            four = layer.products
-            table[i] = [layer.input_norm.data_ptr(), layer.post_norm.data_ptr(),
-                        *(product.pointers[0] for product in four), *(product.pointers[1] for product in four),
-                        *(product.pointers[2] for product in four), layer.keys.data_ptr(), layer.values.data_ptr()]
+            table[i, :2] = layer.input_norm.data_ptr(), layer.post_norm.data_ptr()
+            table[i, 14:16] = layer.keys.data_ptr(), layer.values.data_ptr()
+            for j, product in enumerate(layer.products):
+                if isinstance(product, BlockProduct):
+                    table[i, 16], table[i, 17 + j], table[i, 21 + j] = product.call
+                else:
+                    table[i, 2 + j], table[i, 6 + j], table[i, 10 + j] = product.pointers
+        self._grouped = any(isinstance(product, kernels.GroupedWeights) for layer in layers
+                            for product in layer.products)
         self._table, self._layers = table, len(layers)
 
     @property
     def limit(self) -> int:
         """The most rows a step runs here now (0 where torch's threads leave the kernels the slower choice)."""
-        return self.rows if self._built.products_run_here() and kernels.runs_here("attend") else 0
+        products = not self._grouped or self._built.products_run_here()
+        return self.rows if products and kernels.runs_here("attend") else 0
+
+    @property
+    def cheapest_rows(self) -> int:
+        """``ModelStep.one_call_rows``: the most rows a step runs here before its cost jumps, that of 4-bit
+        groups (more rows run dense); 0 on a file's blocks, whose products take more rows in the Python
+        loop at no jump (float rows on float32 tiles: cheaper a row)."""
+        return self.limit if self._grouped else 0
 
     def takes(self, rows: int, attending: StepRows | None) -> bool:
         """Whether a step of ``rows`` rows, all attending through the kernel (``attending``), runs here."""

@@ -762,7 +762,11 @@ INLINE __m256i x8_scale_of(const uint8_t *scales) { return _mm256_cvtepu8_epi32(
 INLINE __m256i x8_scaled(__m256i sums, __m256i scale) { return _mm256_mullo_epi32(sums, scale); }
 #else
 INLINE __m256i x8_add(__m256i sums, __m256i codes, __m256i inputs) {
-    return _mm256_add_epi16(sums, _mm256_maddubs_epi16(codes, inputs));
+    __m256i added = _mm256_add_epi16(sums, _mm256_maddubs_epi16(codes, inputs));
+    /* each sum in a register here: else gcc stores every byte product to the stack and adds them up
+       later (docs/performance.md, "GGUF weights in their own blocks") */
+    __asm__("" : "+x"(added));
+    return added;
 }
 INLINE __m256i x8_scale_of(const uint8_t *scales) {
     const __m128i bytes = _mm_loadl_epi64((const __m128i *)scales);

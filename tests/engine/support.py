@@ -1,16 +1,19 @@
-"""Helpers of the in-process engine and model tests: a generation's sink, and kernels.c built for
-this host (the build the session's workers share) or for an older CPU."""
+"""Helpers of the in-process engine and model tests: a generation's sink, kernels.c built for this
+host (the build the session's workers share) or for an older CPU, and a count of the steps whose
+layers ran in one call."""
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
 import pytest
+import torch
 
 from lmsp_core.settings import load_settings
 from workers.engine.core import Finish, Generation
 from workers.engine.sampling import Scores
 from workers.model import loader
-from workers.model.cpu import kernels
+from workers.model.cpu import kernels, layerstep
 
 
 class Collector:
@@ -47,3 +50,16 @@ def built_for(march: str, directory: Path, monkeypatch: pytest.MonkeyPatch) -> k
     compiler.chmod(0o755)
     monkeypatch.setenv("CC", str(compiler))
     return kernels.load(directory / "kernels")
+
+
+def one_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The rows of each step whose layers run in one call (``layerstep.LayerStep``) from now on."""
+    calls: list[int] = []
+    one_call = layerstep.LayerStep.__call__
+
+    def counted(self: layerstep.LayerStep, x: torch.Tensor, *args: Any) -> torch.Tensor:
+        calls.append(x.shape[0])
+        return one_call(self, x, *args)
+
+    monkeypatch.setattr(layerstep.LayerStep, "__call__", counted)
+    return calls

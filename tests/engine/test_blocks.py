@@ -6,7 +6,6 @@ import os
 import signal
 import time
 from pathlib import Path
-from typing import Any
 
 import gguf
 import numpy as np
@@ -17,10 +16,10 @@ from transformers import AutoModelForCausalLM
 
 from lmsp_core.requests.catalog import ModelSpec
 from tests.engine import ggufmodels
-from tests.engine.support import shared_kernel_dir
+from tests.engine.support import one_calls, shared_kernel_dir
 from tests.support import tiny_model_dir
 from workers.model import build, loader
-from workers.model.cpu import blocks, layerstep
+from workers.model.cpu import blocks
 from workers.model.cpu.blocks import BlockTensor
 from workers.model.gguf import ModelFileError
 from workers.model.plan import Chunk, Feed, StepPlan
@@ -273,14 +272,7 @@ def test_a_gguf_models_layers_run_in_one_call_as_in_the_python_loop(name: str, f
     layer_step = one._one_call()
     assert layer_step is not None and layer_step.limit == (63 if floats else blocks.ALL_ROWS)
     assert one.one_call_rows == 0  # no jump in a step's cost for the scheduler to keep chunks from
-    calls: list[int] = []
-    one_call = layerstep.LayerStep.__call__
-
-    def counted(self: layerstep.LayerStep, x: torch.Tensor, *args: Any) -> torch.Tensor:
-        calls.append(x.shape[0])
-        return one_call(self, x, *args)
-
-    monkeypatch.setattr(layerstep.LayerStep, "__call__", counted)
+    calls = one_calls(monkeypatch)
     monkeypatch.setattr(loop, "_layer_step_of", lambda: None)
     prompt = list(range(100, 180))
     plans = [StepPlan(chunks=[Chunk(1, 0, prompt[:5], False)]), StepPlan(chunks=[Chunk(1, 5, prompt[5:75], True)]),

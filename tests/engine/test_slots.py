@@ -23,13 +23,13 @@ from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig, MistralC
 
 from lmsp_core.requests.catalog import SMOLLM2, TINY_RANDOM
 from lmsp_core.settings import load_settings
-from tests.engine.support import Collector, built_for, shared_kernel_dir
+from tests.engine.support import Collector, built_for, one_calls, shared_kernel_dir
 from workers.engine import chunkprice, scheduler
 from workers.engine.core import Engine, Finish, Generation
 from workers.engine.sampling import RowSampler, SamplingParams
 from workers.model import linear, loader, precision
 from workers.model.build import cache_dtype
-from workers.model.cpu import kernels, layerstep
+from workers.model.cpu import kernels
 from workers.model.cpu.groups import Groups4, Groups8
 from workers.model.decoder import Decoder, unsupported_reason
 from workers.model.fallback import HfSlots
@@ -674,14 +674,7 @@ def assert_one_call_is_the_loop(built: kernels.Kernels, dtype: torch.dtype, cach
     model, exact = q4_layers_model()
     model = model.to(dtype)
     prompt = list(range(10, 30))
-    calls: list[int] = []
-    one_call = layerstep.LayerStep.__call__
-
-    def counted(self: layerstep.LayerStep, x: torch.Tensor, *args: Any) -> torch.Tensor:
-        calls.append(x.shape[0])
-        return one_call(self, x, *args)
-
-    monkeypatch.setattr(layerstep.LayerStep, "__call__", counted)
+    calls = one_calls(monkeypatch)
     with one_thread():
         decoders = []
         for _ in range(2):

@@ -1622,7 +1622,7 @@ typedef struct {
     parts_product on_parts; /* NULL: the products on the 4-bit groups above; else on parts[i] */
     const void *parts[4];
     int64_t nparts[4];
-} layer_table;
+} layer_table; /* filled by workers/model/cpu/layerstep.py, which names each field's offset */
 
 typedef struct {
     int64_t hidden, heads, kv, d, intermediate, slot_count, slot_positions;

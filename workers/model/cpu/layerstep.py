@@ -24,6 +24,9 @@ from workers.model.cpu.attention import StepRows
 from workers.model.cpu.blocks import BlockProduct
 
 FUNCTIONS = {torch.bfloat16: "layers_bf16", torch.float16: "layers_f16", torch.float32: "layers_f32"}
+# where each field of kernels.c's layer_table starts in a row of the table (8 bytes a field): the norms,
+# the 4-bit products' codes, scales and minimums, the cache, then blocks_matmul and its parts and counts
+NORMS, CODES, SCALES, MINIMUMS, CACHE, ON_PARTS, PARTS, COUNTS, WIDTH = 0, 2, 6, 10, 14, 16, 17, 21, 25
 
 
 class LayerParts(NamedTuple):
@@ -38,8 +41,8 @@ class LayerParts(NamedTuple):
 
 class LayerStep:
     """A model's layers as ``kernels.c``'s ``layers_*`` takes them: a table of pointers per layer
-    (norms, the four products' codes, scales and minimums or their blocks, keys and values), built once; the step's
-    rows go in at each call."""
+    (norms, the four products' codes, scales and minimums or their blocks, keys and values), built
+    once; the step's rows go in at each call."""
 
     def __init__(self, built: kernels.Kernels, layers: Sequence[LayerParts], heads: int, eps: float,
                  tables: tuple[Tensor, Tensor], rows: int) -> None:
@@ -53,15 +56,15 @@ class LayerStep:
         self._function = built.functions[FUNCTIONS[keys.dtype]]
         self._tables = tables
         self._shape = np.asarray([o.n, heads, kv_heads, head_dim, down.k, slots, positions], dtype=np.int64)
-        table = np.zeros((len(layers), 25), dtype=np.uint64)  # kernels.c's layer_table
+        table = np.zeros((len(layers), WIDTH), dtype=np.uint64)
         for i, layer in enumerate(layers):
-            table[i, :2] = layer.input_norm.data_ptr(), layer.post_norm.data_ptr()
-            table[i, 14:16] = layer.keys.data_ptr(), layer.values.data_ptr()
+            table[i, NORMS:NORMS + 2] = layer.input_norm.data_ptr(), layer.post_norm.data_ptr()
+            table[i, CACHE:CACHE + 2] = layer.keys.data_ptr(), layer.values.data_ptr()
             for j, product in enumerate(layer.products):
                 if isinstance(product, BlockProduct):
-                    table[i, 16], table[i, 17 + j], table[i, 21 + j] = product.call
+                    table[i, ON_PARTS], table[i, PARTS + j], table[i, COUNTS + j] = product.call
                 else:
-                    table[i, 2 + j], table[i, 6 + j], table[i, 10 + j] = product.pointers
+                    table[i, CODES + j], table[i, SCALES + j], table[i, MINIMUMS + j] = product.pointers
         self._grouped = any(isinstance(product, kernels.GroupedWeights) for layer in layers
                             for product in layer.products)
         self._table, self._layers = table, len(layers)

@@ -752,6 +752,13 @@ INLINE void avx2_q6_K_n(const void *w, const void *const *x, int nx, int64_t nb,
     for (int r = 0; r < nx; r++) out[r] = hsum8(acc[r]);
 }
 
+/* A running sum, kept in a register at each step: else gcc stores each addend to the stack and adds them
+   all up after the loop (docs/performance.md, "GGUF weights in their own blocks") */
+INLINE __m256i in_register(__m256i sum) {
+    __asm__("" : "+v"(sum));
+    return sum;
+}
+
 /* A sub-block's 8 groups of codes against their inputs, added up per row (x8_add), then times each row's
    scale (x8_scale_of: the scales of 8 bytes; x8_scaled). With VNNI, dpbusd adds each 32-bit lane's 4 byte
    products into it, and the row sums are multiplied as 32 bits; else maddubs' pairs add up in 16 bits (at
@@ -762,11 +769,7 @@ INLINE __m256i x8_scale_of(const uint8_t *scales) { return _mm256_cvtepu8_epi32(
 INLINE __m256i x8_scaled(__m256i sums, __m256i scale) { return _mm256_mullo_epi32(sums, scale); }
 #else
 INLINE __m256i x8_add(__m256i sums, __m256i codes, __m256i inputs) {
-    __m256i added = _mm256_add_epi16(sums, _mm256_maddubs_epi16(codes, inputs));
-    /* each sum in a register here: else gcc stores every byte product to the stack and adds them up
-       later (docs/performance.md, "GGUF weights in their own blocks") */
-    __asm__("" : "+x"(added));
-    return added;
+    return in_register(_mm256_add_epi16(sums, _mm256_maddubs_epi16(codes, inputs)));
 }
 INLINE __m256i x8_scale_of(const uint8_t *scales) {
     const __m128i bytes = _mm_loadl_epi64((const __m128i *)scales);
@@ -844,7 +847,10 @@ INLINE __m256i x6_scale(const int8_t *pair, int t) {
 #define X6_RUN (BLOCKS_VNNI ? 4 : 2)
 
 /* Eight interleaved Q6_K rows (block_q6_K_x8) against nx (at most 4) input rows: codes 0..63 (32 above the
-   signed ones) against the inputs, less 32 times each group's scale times its inputs' sum (bsums). */
+   signed ones) against the inputs, less 32 times each group's scale times its inputs' sum (bsums). A run's
+   four codes go in two passes, those from ql[l] and those from ql[l + 32]: all four at once held 16 sums
+   for 4 input rows, more than AVX2's 16 registers hold with the codes (docs/performance.md, "GGUF weights
+   in their own blocks"). */
 INLINE void avx2_q6_K_x8_n(const void *w, const void *const *x, int nx, int64_t nb, float *out) {
     const block_q6_K_x8 *b = w;
     __m256 acc[4];
@@ -855,36 +861,33 @@ INLINE void avx2_q6_K_x8_n(const void *w, const void *const *x, int nx, int64_t 
         __m256i sums[4];
         for (int r = 0; r < nx; r++) sums[r] = _mm256_setzero_si256();
         for (int half = 0; half < 2; half++)
-            UNROLL for (int g0 = 0; g0 < 8; g0 += X6_RUN) {
-                __m256i run[4][4]; /* [input row][s] */
-                for (int r = 0; r < nx; r++)
-                    for (int q = 0; q < 4; q++) run[r][q] = _mm256_setzero_si256();
-                UNROLL for (int g = g0; g < g0 + X6_RUN; g++) {
-                    const __m256i l0 = _mm256_loadu_si256((const __m256i *)b[i].q[half][g][0]);
-                    const __m256i l1 = _mm256_loadu_si256((const __m256i *)b[i].q[half][g][1]);
-                    const __m256i h = _mm256_loadu_si256((const __m256i *)b[i].q[half][g][2]);
-                    const __m256i codes[4] = {
-                        _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16(h, 4), m30)),
-                        _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16(h, 2), m30)),
-                        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(h, m30)),
-                        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
-                                        _mm256_and_si256(_mm256_srli_epi16(h, 2), m30)),
-                    };
-                    UNROLL for (int r = 0; r < nx; r++) {
-                        const int8_t *q8 = ((const act_q8_K *)x[r] + i)->qs + 128 * half + 4 * g;
-                        UNROLL for (int q = 0; q < 4; q++) {
-                            int32_t four;
-                            memcpy(&four, q8 + 32 * q, 4);
-                            run[r][q] = x8_add(run[r][q], codes[q], _mm256_set1_epi32(four));
+            UNROLL for (int g0 = 0; g0 < 8; g0 += X6_RUN)
+                UNROLL for (int p = 0; p < 2; p++) { /* codes p and p + 2 */
+                    __m256i run[4][2];
+                    for (int r = 0; r < nx; r++) run[r][0] = run[r][1] = _mm256_setzero_si256();
+                    UNROLL for (int g = g0; g < g0 + X6_RUN; g++) {
+                        const __m256i l = _mm256_loadu_si256((const __m256i *)b[i].q[half][g][p]);
+                        const __m256i h = _mm256_loadu_si256((const __m256i *)b[i].q[half][g][2]);
+                        const __m256i low = _mm256_or_si256(_mm256_and_si256(l, m4),
+                                                            _mm256_and_si256(_mm256_slli_epi16(h, 4 - 2 * p), m30));
+                        const __m256i high = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l, 4), m4),
+                                                             _mm256_and_si256(p ? _mm256_srli_epi16(h, 2) : h, m30));
+                        UNROLL for (int r = 0; r < nx; r++) {
+                            const int8_t *q8 = ((const act_q8_K *)x[r] + i)->qs + 128 * half + 4 * g;
+                            int32_t four_low, four_high;
+                            memcpy(&four_low, q8 + 32 * p, 4);
+                            memcpy(&four_high, q8 + 32 * (p + 2), 4);
+                            run[r][0] = x8_add(run[r][0], low, _mm256_set1_epi32(four_low));
+                            run[r][1] = x8_add(run[r][1], high, _mm256_set1_epi32(four_high));
                         }
                     }
+                    UNROLL for (int t = 0; t < 2; t++) {
+                        const int group = 8 * half + 2 * (p + 2 * t) + g0 / 4;
+                        const __m256i scale = x6_scale(b[i].scales[group / 2], group % 2);
+                        for (int r = 0; r < nx; r++)
+                            sums[r] = in_register(_mm256_add_epi32(sums[r], x8_scaled(run[r][t], scale)));
+                    }
                 }
-                UNROLL for (int q = 0; q < 4; q++) { /* group of 16 number 8 half + 2 q + g0 / 4 */
-                    const int group = 8 * half + 2 * q + g0 / 4;
-                    const __m256i scale = x6_scale(b[i].scales[group / 2], group % 2);
-                    for (int r = 0; r < nx; r++) sums[r] = _mm256_add_epi32(sums[r], x8_scaled(run[r][q], scale));
-                }
-            }
         const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)b[i].d));
         for (int r = 0; r < nx; r++) {
             const act_q8_K *a = (const act_q8_K *)x[r] + i;

@@ -67,6 +67,7 @@ enum { A_Q8_0 = 0, A_Q8_1 = 1, A_Q8_K = 2, A_F32 = 3, A_KINDS = 4 };
 #define TILE_WEIGHTS 16 /* weight rows per tile */
 #define TILES_TAKEN 4   /* tiles a thread takes at once while decoding, at least */
 #define TASKS_A_THREAD 4 /* a decoding product's tasks per thread */
+#define TASKS_A_THREAD_ROWS 16 /* the same, for several input rows (8 streams): compute-bound */
 
 typedef struct { uint16_t d; uint8_t qs[QK / 2]; } block_q4_0;
 typedef struct { uint16_t d, m; uint8_t qs[QK / 2]; } block_q4_1;
@@ -1308,12 +1309,15 @@ static void product_columns(const product_job *job, int64_t c0, int64_t c1) {
 }
 
 /* A task: whole tiles of weight rows, so that threads do not write the same cache lines; one for a
-   prompt's rows (much work already), else TASKS_A_THREAD to a thread: each task's rows lie one after
-   another in memory, and the hardware's prefetcher runs on through them where tasks of a few tiles
-   sent each thread elsewhere every few KB (docs/performance.md, "GGUF weights in their own blocks"). */
+   prompt's rows (much work already), else TASKS_A_THREAD to a thread for one input row: each task's
+   rows lie one after another in memory, and the hardware's prefetcher runs on through them where tasks
+   of a few tiles sent each thread elsewhere every few KB. Several input rows are compute-bound: there
+   finer tasks (TASKS_A_THREAD_ROWS) even out a core that starts late or runs slower (docs/performance.md,
+   "GGUF weights in their own blocks"). */
 static int64_t tiles_a_task(const product_job *job) {
     if (job->nx >= TILE_INPUTS) return 1;
-    const int64_t tiles = (job->columns + TILE_WEIGHTS - 1) / TILE_WEIGHTS, split = TASKS_A_THREAD * pool.wanted;
+    const int64_t tiles = (job->columns + TILE_WEIGHTS - 1) / TILE_WEIGHTS,
+                  split = (job->nx > 1 ? TASKS_A_THREAD_ROWS : TASKS_A_THREAD) * pool.wanted;
     const int64_t take = (tiles + split - 1) / split;
     return take > TILES_TAKEN ? take : TILES_TAKEN;
 }

@@ -53,10 +53,13 @@ async def store(redis: Redis, name: str, settings: PrincipalSettings) -> None:
         await redis.hset(keys.principals(), name, msgspec.json.encode(settings).decode())  # type: ignore[misc]
 
 
+CACHE_TTL = 1.0  # seconds a worker's table may lag a change (``SettingsCache``)
+
+
 class SettingsCache:
     """The principals' settings as a worker reads them for each pick: at most ``ttl`` seconds old."""
 
-    def __init__(self, redis: Redis, ttl: float = 1.0) -> None:
+    def __init__(self, redis: Redis, ttl: float = CACHE_TTL) -> None:
         self.redis = redis
         self.ttl = ttl
         self._table: dict[str, PrincipalSettings] = {}

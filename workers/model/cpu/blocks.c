@@ -779,51 +779,58 @@ INLINE __m256i x8_scale_of(const uint8_t *scales) {
 INLINE __m256i x8_scaled(__m256i sums, __m256i scale) { return _mm256_madd_epi16(sums, scale); }
 #endif
 
-/* Eight interleaved Q4_K rows (block_q4_K_x8) against nx (at most 4) input rows: a group's 32 bytes hold
-   the eight rows' codes for the same 4 inputs, so one broadcast of the inputs serves eight rows. */
+/* Eight interleaved Q4_K rows (block_q4_K_x8) against nx input rows: a group's 32 bytes hold the eight
+   rows' codes for the same 4 inputs, so one broadcast of the inputs serves eight rows. Each block is taken
+   by all input rows, four at a time (more spill their sums from the registers), before the next: a pass
+   of four rows over the whole row of blocks, then the next four, left the first pass waiting on memory,
+   its blocks fetched ahead too short a time before it came to them (docs/performance.md, "GGUF weights
+   in their own blocks"). */
 INLINE void avx2_q4_K_x8_n(const void *w, const void *const *x, int nx, int64_t nb, float *out) {
     const block_q4_K_x8 *b = w;
-    __m256 acc[4], acc_m[4];
+    __m256 acc[ROWS_AT_ONCE], acc_m[ROWS_AT_ONCE];
     for (int r = 0; r < nx; r++) { acc[r] = _mm256_setzero_ps(); acc_m[r] = _mm256_setzero_ps(); }
     const __m256i m4 = _mm256_set1_epi8(0x0F);
     for (int64_t i = 0; i < nb; i++) {
         fetch_ahead(b + i, sizeof(*b));
-        __m256i sums[4];
-        for (int r = 0; r < nx; r++) sums[r] = _mm256_setzero_si256();
-        for (int j = 0; j < 4; j++) {
-            __m256i low_sums[4], high_sums[4];
-            for (int r = 0; r < nx; r++) low_sums[r] = high_sums[r] = _mm256_setzero_si256();
-            for (int g = 0; g < 8; g++) {
-                const __m256i bits = _mm256_loadu_si256((const __m256i *)b[i].qs[j][g]);
-                const __m256i low = _mm256_and_si256(bits, m4), high = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
-                for (int r = 0; r < nx; r++) {
-                    const int8_t *q8 = ((const act_q8_K *)x[r] + i)->qs + 64 * j + 4 * g;
-                    int32_t low4, high4;
-                    memcpy(&low4, q8, 4);
-                    memcpy(&high4, q8 + 32, 4);
-                    low_sums[r] = x8_add(low_sums[r], low, _mm256_set1_epi32(low4));
-                    high_sums[r] = x8_add(high_sums[r], high, _mm256_set1_epi32(high4));
+        UNROLL for (int r0 = 0; r0 < nx; r0 += 4) {
+            const int n = nx - r0 < 4 ? nx - r0 : 4;
+            __m256i sums[4];
+            for (int r = 0; r < n; r++) sums[r] = _mm256_setzero_si256();
+            for (int j = 0; j < 4; j++) {
+                __m256i low_sums[4], high_sums[4];
+                for (int r = 0; r < n; r++) low_sums[r] = high_sums[r] = _mm256_setzero_si256();
+                UNROLL for (int g = 0; g < 8; g++) {
+                    const __m256i bits = _mm256_loadu_si256((const __m256i *)b[i].qs[j][g]);
+                    const __m256i low = _mm256_and_si256(bits, m4), high = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
+                    for (int r = 0; r < n; r++) {
+                        const int8_t *q8 = ((const act_q8_K *)x[r0 + r] + i)->qs + 64 * j + 4 * g;
+                        int32_t low4, high4;
+                        memcpy(&low4, q8, 4);
+                        memcpy(&high4, q8 + 32, 4);
+                        low_sums[r] = x8_add(low_sums[r], low, _mm256_set1_epi32(low4));
+                        high_sums[r] = x8_add(high_sums[r], high, _mm256_set1_epi32(high4));
+                    }
                 }
+                const __m256i scale_l = x8_scale_of(b[i].scales[2 * j]), scale_h = x8_scale_of(b[i].scales[2 * j + 1]);
+                for (int r = 0; r < n; r++)
+                    sums[r] = _mm256_add_epi32(sums[r], _mm256_add_epi32(x8_scaled(low_sums[r], scale_l),
+                                                                         x8_scaled(high_sums[r], scale_h)));
             }
-            const __m256i scale_l = x8_scale_of(b[i].scales[2 * j]), scale_h = x8_scale_of(b[i].scales[2 * j + 1]);
-            for (int r = 0; r < nx; r++)
-                sums[r] = _mm256_add_epi32(sums[r], _mm256_add_epi32(x8_scaled(low_sums[r], scale_l),
-                                                                     x8_scaled(high_sums[r], scale_h)));
-        }
-        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)b[i].d));
-        const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)b[i].dmin));
-        for (int r = 0; r < nx; r++) {
-            const act_q8_K *a = (const act_q8_K *)x[r] + i;
-            __m256i mins = _mm256_setzero_si256();
-            for (int pair = 0; pair < 4; pair++) { /* two sub-blocks' minimums against their inputs' sums */
-                int32_t sums2;
-                memcpy(&sums2, a->sums32 + 2 * pair, 4);
-                const __m256i m = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)b[i].mins[pair]));
-                mins = _mm256_add_epi32(mins, _mm256_madd_epi16(m, _mm256_set1_epi32(sums2)));
+            const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)b[i].d));
+            const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)b[i].dmin));
+            for (int r = 0; r < n; r++) {
+                const act_q8_K *a = (const act_q8_K *)x[r0 + r] + i;
+                __m256i mins = _mm256_setzero_si256();
+                for (int pair = 0; pair < 4; pair++) { /* two sub-blocks' minimums against their inputs' sums */
+                    int32_t sums2;
+                    memcpy(&sums2, a->sums32 + 2 * pair, 4);
+                    const __m256i m = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)b[i].mins[pair]));
+                    mins = _mm256_add_epi32(mins, _mm256_madd_epi16(m, _mm256_set1_epi32(sums2)));
+                }
+                const __m256 ad = _mm256_set1_ps(a->d);
+                acc[r0 + r] = _mm256_fmadd_ps(_mm256_mul_ps(d, ad), _mm256_cvtepi32_ps(sums[r]), acc[r0 + r]);
+                acc_m[r0 + r] = _mm256_fmadd_ps(_mm256_mul_ps(dmin, ad), _mm256_cvtepi32_ps(mins), acc_m[r0 + r]);
             }
-            const __m256 ad = _mm256_set1_ps(a->d);
-            acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(d, ad), _mm256_cvtepi32_ps(sums[r]), acc[r]);
-            acc_m[r] = _mm256_fmadd_ps(_mm256_mul_ps(dmin, ad), _mm256_cvtepi32_ps(mins), acc_m[r]);
         }
     }
     for (int r = 0; r < nx; r++) _mm256_storeu_ps(out + 8 * r, _mm256_sub_ps(acc[r], acc_m[r]));
@@ -847,60 +854,63 @@ INLINE __m256i x6_scale(const int8_t *pair, int t) {
    2 in maddubs' 16 bits (at most 2 * 2 * 63 * 128) */
 #define X6_RUN (BLOCKS_VNNI ? 4 : 2)
 
-/* Eight interleaved Q6_K rows (block_q6_K_x8) against nx (at most 4) input rows: codes 0..63 (32 above the
-   signed ones) against the inputs, less 32 times each group's scale times its inputs' sum (bsums). A run's
-   four codes go in two passes, those from ql[l] and those from ql[l + 32]: all four at once held 16 sums
-   for 4 input rows, more than AVX2's 16 registers hold with the codes (docs/performance.md, "GGUF weights
-   in their own blocks"). */
+/* Eight interleaved Q6_K rows (block_q6_K_x8) against nx input rows, four at a time as avx2_q4_K_x8_n's:
+   codes 0..63 (32 above the signed ones) against the inputs, less 32 times each group's scale times its
+   inputs' sum (bsums). A run's four codes go in two passes, those from ql[l] and those from ql[l + 32]: all
+   four at once held 16 sums for 4 input rows, more than AVX2's 16 registers hold with the codes
+   (docs/performance.md, "GGUF weights in their own blocks"). */
 INLINE void avx2_q6_K_x8_n(const void *w, const void *const *x, int nx, int64_t nb, float *out) {
     const block_q6_K_x8 *b = w;
-    __m256 acc[4];
+    __m256 acc[ROWS_AT_ONCE];
     for (int r = 0; r < nx; r++) acc[r] = _mm256_setzero_ps();
     const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
     for (int64_t i = 0; i < nb; i++) {
         fetch_ahead(b + i, sizeof(*b));
-        __m256i sums[4];
-        for (int r = 0; r < nx; r++) sums[r] = _mm256_setzero_si256();
-        for (int half = 0; half < 2; half++)
-            UNROLL for (int g0 = 0; g0 < 8; g0 += X6_RUN)
-                UNROLL for (int p = 0; p < 2; p++) { /* codes p and p + 2 */
-                    __m256i run[4][2];
-                    for (int r = 0; r < nx; r++) run[r][0] = run[r][1] = _mm256_setzero_si256();
-                    UNROLL for (int g = g0; g < g0 + X6_RUN; g++) {
-                        const __m256i l = _mm256_loadu_si256((const __m256i *)b[i].q[half][g][p]);
-                        const __m256i h = _mm256_loadu_si256((const __m256i *)b[i].q[half][g][2]);
-                        const __m256i low = _mm256_or_si256(_mm256_and_si256(l, m4),
-                                                            _mm256_and_si256(_mm256_slli_epi16(h, 4 - 2 * p), m30));
-                        const __m256i high = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l, 4), m4),
-                                                             _mm256_and_si256(p ? _mm256_srli_epi16(h, 2) : h, m30));
-                        UNROLL for (int r = 0; r < nx; r++) {
-                            const int8_t *q8 = ((const act_q8_K *)x[r] + i)->qs + 128 * half + 4 * g;
-                            int32_t four_low, four_high;
-                            memcpy(&four_low, q8 + 32 * p, 4);
-                            memcpy(&four_high, q8 + 32 * (p + 2), 4);
-                            run[r][0] = x8_add(run[r][0], low, _mm256_set1_epi32(four_low));
-                            run[r][1] = x8_add(run[r][1], high, _mm256_set1_epi32(four_high));
+        UNROLL for (int r0 = 0; r0 < nx; r0 += 4) {
+            const int n = nx - r0 < 4 ? nx - r0 : 4;
+            __m256i sums[4];
+            for (int r = 0; r < n; r++) sums[r] = _mm256_setzero_si256();
+            for (int half = 0; half < 2; half++)
+                UNROLL for (int g0 = 0; g0 < 8; g0 += X6_RUN)
+                    UNROLL for (int p = 0; p < 2; p++) { /* codes p and p + 2 */
+                        __m256i run[4][2];
+                        for (int r = 0; r < n; r++) run[r][0] = run[r][1] = _mm256_setzero_si256();
+                        UNROLL for (int g = g0; g < g0 + X6_RUN; g++) {
+                            const __m256i l = _mm256_loadu_si256((const __m256i *)b[i].q[half][g][p]);
+                            const __m256i h = _mm256_loadu_si256((const __m256i *)b[i].q[half][g][2]);
+                            const __m256i low = _mm256_or_si256(_mm256_and_si256(l, m4),
+                                                                _mm256_and_si256(_mm256_slli_epi16(h, 4 - 2 * p), m30));
+                            const __m256i high = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l, 4), m4),
+                                                                 _mm256_and_si256(p ? _mm256_srli_epi16(h, 2) : h, m30));
+                            UNROLL for (int r = 0; r < n; r++) {
+                                const int8_t *q8 = ((const act_q8_K *)x[r0 + r] + i)->qs + 128 * half + 4 * g;
+                                int32_t four_low, four_high;
+                                memcpy(&four_low, q8 + 32 * p, 4);
+                                memcpy(&four_high, q8 + 32 * (p + 2), 4);
+                                run[r][0] = x8_add(run[r][0], low, _mm256_set1_epi32(four_low));
+                                run[r][1] = x8_add(run[r][1], high, _mm256_set1_epi32(four_high));
+                            }
+                        }
+                        UNROLL for (int t = 0; t < 2; t++) {
+                            const int group = 8 * half + 2 * (p + 2 * t) + g0 / 4;
+                            const __m256i scale = x6_scale(b[i].scales[group / 2], group % 2);
+                            for (int r = 0; r < n; r++)
+                                sums[r] = in_register(_mm256_add_epi32(sums[r], x8_scaled(run[r][t], scale)));
                         }
                     }
-                    UNROLL for (int t = 0; t < 2; t++) {
-                        const int group = 8 * half + 2 * (p + 2 * t) + g0 / 4;
-                        const __m256i scale = x6_scale(b[i].scales[group / 2], group % 2);
-                        for (int r = 0; r < nx; r++)
-                            sums[r] = in_register(_mm256_add_epi32(sums[r], x8_scaled(run[r][t], scale)));
-                    }
+            const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)b[i].d));
+            for (int r = 0; r < n; r++) {
+                const act_q8_K *a = (const act_q8_K *)x[r0 + r] + i;
+                __m256i offset = _mm256_setzero_si256();
+                for (int pair = 0; pair < 8; pair++) {
+                    int32_t sums2;
+                    memcpy(&sums2, a->bsums + 2 * pair, 4);
+                    const __m256i scales = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)b[i].scales[pair]));
+                    offset = _mm256_add_epi32(offset, _mm256_madd_epi16(scales, _mm256_set1_epi32(sums2)));
                 }
-        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)b[i].d));
-        for (int r = 0; r < nx; r++) {
-            const act_q8_K *a = (const act_q8_K *)x[r] + i;
-            __m256i offset = _mm256_setzero_si256();
-            for (int pair = 0; pair < 8; pair++) {
-                int32_t sums2;
-                memcpy(&sums2, a->bsums + 2 * pair, 4);
-                const __m256i scales = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)b[i].scales[pair]));
-                offset = _mm256_add_epi32(offset, _mm256_madd_epi16(scales, _mm256_set1_epi32(sums2)));
+                const __m256i total = _mm256_sub_epi32(sums[r], _mm256_slli_epi32(offset, 5));
+                acc[r0 + r] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(a->d)), _mm256_cvtepi32_ps(total), acc[r0 + r]);
             }
-            const __m256i total = _mm256_sub_epi32(sums[r], _mm256_slli_epi32(offset, 5));
-            acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(a->d)), _mm256_cvtepi32_ps(total), acc[r]);
         }
     }
     for (int r = 0; r < nx; r++) _mm256_storeu_ps(out + 8 * r, acc[r]);
@@ -1005,11 +1015,10 @@ BY_COUNT(avx2_q4_1)
 BY_COUNT(avx2_q5_0)
 BY_COUNT(avx2_q5_1)
 BY_COUNT(avx2_q8_0)
-/* At most 4 input rows a pass: the K family holds three sums a row, the interleaved products (OUTS: 8
-   outputs an input row) eight rows' sums in 2 to 4 registers a row; more spill them from the registers. */
-#define BY_FOURS(NAME, OUTS)                                                                            \
+/* At most 4 input rows a pass: the K family holds three sums a row; more spill them from the registers. */
+#define BY_FOURS(NAME)                                                                                  \
     static void NAME(const void *w, const void *const *x, int nx, int64_t nb, float *out) {            \
-        for (; nx > 4; nx -= 4, x += 4, out += 4 * (OUTS)) NAME##_n(w, x, 4, nb, out);                  \
+        for (; nx > 4; nx -= 4, x += 4, out += 4) NAME##_n(w, x, 4, nb, out);                           \
         switch (nx) {                                                                                   \
         case 1: NAME##_n(w, x, 1, nb, out); break;                                                     \
         case 2: NAME##_n(w, x, 2, nb, out); break;                                                     \
@@ -1017,10 +1026,10 @@ BY_COUNT(avx2_q8_0)
         default: NAME##_n(w, x, 4, nb, out); break;                                                    \
         }                                                                                               \
     }
-BY_FOURS(avx2_q4_K, 1)
-BY_FOURS(avx2_q5_K, 1)
-BY_FOURS(avx2_q4_K_x8, 8)
-BY_FOURS(avx2_q6_K_x8, 8)
+BY_FOURS(avx2_q4_K)
+BY_FOURS(avx2_q5_K)
+BY_COUNT(avx2_q4_K_x8)
+BY_COUNT(avx2_q6_K_x8)
 BY_COUNT(avx2_q6_K)
 BY_COUNT(avx2_f32)
 BY_COUNT(avx2_f16)

@@ -124,7 +124,7 @@ async def test_quotas_hold_under_concurrent_submitters_on_two_apis(
     await principals.store(redis, queued_principal, PrincipalSettings(max_queued=20))
     token_r, running_principal = await make_token()
     await principals.store(redis, running_principal, PrincipalSettings(max_running=2))
-    # the workers' picks see the quota once their cached table is that old (``principals.CACHE_TTL``)
+    # a worker's picks see the quota once its cached table may no longer predate the store (``CACHE_TTL``)
     quota_seen = time.monotonic() + principals.CACHE_TTL
     token_o, _ = await make_token()
     async with httpx.AsyncClient(base_url=second_api.url, timeout=60) as other:
